@@ -1,0 +1,18 @@
+"""jax_triton_dist: distributed Triton kernels as XLA FFI custom calls for JAX.
+
+Public API:
+
+* :func:`triton_call`, :class:`Workspace` — launch a distributed Triton kernel inside
+  ``jax.shard_map``;
+* :mod:`jax_triton_dist.language` (``dl``) — the kernel language;
+* :mod:`jax_triton_dist.shmem` — the host SHMEM API.
+"""
+
+from jax_triton_dist import shmem
+from jax_triton_dist.runtime import ffi_targets as _ffi_targets
+from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, triton_call
+
+__all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES", "shmem"]
+__version__ = "0.1.0"
+
+_ffi_targets.register()

@@ -1,0 +1,1 @@
+"""The runtime: call sites, rank contexts, interpreter launches, FFI registration."""

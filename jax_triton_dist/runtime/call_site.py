@@ -1,0 +1,176 @@
+"""Call sites: what a traced ``triton_call`` launches, and its per-team state.
+
+A call site is created when ``triton_call`` is traced and identified in the HLO
+by an integer attribute. At run time each device's thread looks the site up,
+joins its team (the devices that share every mesh coordinate but the kernel's
+axis), and runs the kernel. The first run of a team allocates its symmetric
+region (workspaces, barrier counters, staging for symmetric arguments) once;
+later runs only count epochs, with no synchronisation between ranks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import itertools
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from jax_triton_dist import _shmem as _lib
+from jax_triton_dist import shmem
+
+__all__ = ["ArraySpec", "CallSite", "TeamState", "register", "lookup"]
+
+_ALIGN = 256
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclasses.dataclass(frozen=True)
+class ArraySpec:
+    """Shape and dtype of one per-rank buffer."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclasses.dataclass
+class TeamState:
+    """The ranks of one team at one call site, and their symmetric region."""
+
+    pes: list[int | None]
+    region: int = -1  # offset of the symmetric region in every heap
+    epochs: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return self.region >= 0
+
+
+@dataclasses.dataclass
+class CallSite:
+    """A traced ``triton_call``.
+
+    Attributes:
+      kernel: the ``@triton.jit`` kernel.
+      label: kernel name for messages.
+      grid: program counts.
+      mesh_axes: every manual mesh axis, in mesh order (their indices are operand 0).
+      axis: position of the kernel's axis in ``mesh_axes``.
+      num_ranks: size of the kernel's axis.
+      params: positional kernel arguments: ``("array", index)`` for an operand,
+        ``("scalar", value)``, ``("output", index)``, ``("workspace", index)``.
+      inputs: per-rank operand specs; ``symmetric`` marks those staged into the heap.
+      outputs: per-rank result specs.
+      workspaces: per-rank symmetric workspace specs.
+      kwargs: keyword (constexpr) arguments.
+    """
+
+    kernel: Any
+    label: str
+    grid: tuple[int, ...]
+    mesh_axes: tuple[str, ...]
+    axis: int
+    num_ranks: int
+    params: list[tuple[str, Any]]
+    inputs: list[ArraySpec]
+    symmetric: frozenset[int]
+    outputs: list[ArraySpec]
+    workspaces: list[ArraySpec]
+    kwargs: dict[str, Any]
+    teams: dict[tuple[int, ...], TeamState] = dataclasses.field(default_factory=dict)
+    cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+
+    # -- symmetric region layout: [barrier counters | workspaces | staging x2] --
+
+    def region_layout(self) -> tuple[int, list[int], dict[int, tuple[int, int]], int]:
+        """Offsets inside the region: barrier area, workspaces, staging slots; total size."""
+        cursor = _aligned(8 * self.num_ranks)
+        workspace_offsets = []
+        for spec in self.workspaces:
+            workspace_offsets.append(cursor)
+            cursor += _aligned(spec.nbytes)
+        staging = {}
+        for index in sorted(self.symmetric):
+            size = _aligned(self.inputs[index].nbytes)
+            staging[index] = (cursor, cursor + size)
+            cursor += 2 * size
+        return 0, workspace_offsets, staging, cursor
+
+    def join(self, coords: tuple[int, ...], pe: int, timeout: float) -> tuple[int, TeamState]:
+        """Registers ``pe`` in its team; the first run waits for every rank of the team.
+
+        Returns:
+          This PE's rank and the (ready) team state.
+        """
+        rank = coords[self.axis]
+        key = coords[: self.axis] + coords[self.axis + 1:]
+        with self.cond:
+            team = self.teams.setdefault(key, TeamState(pes=[None] * self.num_ranks))
+            if team.pes[rank] is None:
+                team.pes[rank] = pe
+            elif team.pes[rank] != pe:
+                raise RuntimeError(
+                    f"kernel {self.label}: rank {rank} of team {key} ran on PE {team.pes[rank]} "
+                    f"before and now on PE {pe}: a traced call site cannot move between device "
+                    "layouts; trace the function again for the new mesh"
+                )
+            if not team.ready and all(p is not None for p in team.pes):
+                self._allocate(team)
+                self.cond.notify_all()
+            deadline = time.monotonic() + timeout
+            while not team.ready:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = [r for r, p in enumerate(team.pes) if p is None]
+                    raise shmem.ShmemTimeoutError(
+                        f"kernel {self.label}: rank {rank} (PE {pe}) waited {timeout:.1f} s for "
+                        f"the first run of its team; ranks {missing} never arrived"
+                    )
+                self.cond.wait(remaining)
+        return rank, team
+
+    def _allocate(self, team: TeamState) -> None:
+        _, _, _, total = self.region_layout()
+        try:
+            offset = _lib.alloc(total, _ALIGN)
+        except shmem.ShmemError:
+            raise shmem.ShmemError(
+                f"kernel {self.label}: symmetric heap exhausted: its workspaces need {total} "
+                f"bytes per rank (heap {_lib.heap_size()} bytes, {_lib.allocated_bytes()} in use); "
+                f"raise {shmem.HEAP_SIZE_ENV}"
+            ) from None
+        for pe in team.pes:
+            ctypes.memset(_lib.heap_base(pe) + offset, 0, total)
+        team.region = offset
+
+
+_sites: dict[int, CallSite] = {}
+_ids = itertools.count(1)
+_lock = threading.Lock()
+
+
+def register(site: CallSite) -> int:
+    """Stores ``site``; returns its id (the custom call's ``call_id`` attribute)."""
+    with _lock:
+        call_id = next(_ids)
+        _sites[call_id] = site
+    return call_id
+
+
+def lookup(call_id: int) -> CallSite:
+    """The call site of ``call_id``."""
+    site = _sites.get(call_id)
+    if site is None:
+        raise RuntimeError(f"unknown jax_triton_dist call site {call_id}")
+    return site
+

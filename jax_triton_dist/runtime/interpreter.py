@@ -1,0 +1,189 @@
+"""Thread-safe launches of Triton kernels in Triton's interpreter.
+
+The CPU backend runs one rank per JAX CPU device, each on XLA's thread for that
+device, so several kernels run in the interpreter at once and wait on each
+other's flags. Triton 3.6's interpreter is not built for that:
+
+* the program id lives on one global ``InterpreterBuilder``; here it becomes
+  thread-local;
+* ``GridExecutor`` patches ``triton.language`` for each launch and restores it
+  afterwards, which breaks kernels still running on other threads; here the
+  patch is taken when the first kernel starts and restored when the last one
+  ends (a reference count);
+* scalar tensors convert to ``int`` in a way NumPy >= 2.4 rejects; fixed here;
+* nested ``@triton.jit`` helpers must be ``InterpretedFunction`` objects, which
+  they are only if ``TRITON_INTERPRET=1`` was set before they were defined;
+  here a ``JITFunction`` called from an interpreted kernel runs interpreted.
+
+Kernels are ordinary ``@triton.jit`` functions; the environment is not touched.
+A launch runs its programs one after another, so on this backend no program
+may wait for another program of the same launch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import triton.language as tl
+import triton.language.core as tl_core  # patched with tl: helpers such as tl.zeros call core.full
+from triton.runtime import interpreter as _interp
+from triton.runtime.jit import JITFunction
+
+__all__ = ["Pointer", "launch", "interpreting"]
+
+
+class Pointer:
+    """A raw host address with a dtype: what the interpreter takes for a tensor argument."""
+
+    def __init__(self, address: int, dtype: np.dtype | str):
+        self.address = int(address)
+        self.dtype = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    def __repr__(self) -> str:
+        return f"Pointer(0x{self.address:x}, {self.dtype})"
+
+
+# ---------------------------------------------------------------------------
+# Patch scope shared by all running kernels
+# ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_active = 0
+_scope: Any = None
+_grid = threading.local()
+_rewritten: dict[Callable, Callable] = {}
+
+
+def _grid_idx_get(self):
+    return getattr(_grid, "idx", None)
+
+
+def _grid_idx_set(self, value):
+    _grid.idx = value
+
+
+def _grid_dim_get(self):
+    return getattr(_grid, "dim", None)
+
+
+def _grid_dim_set(self, value):
+    _grid.dim = value
+
+
+def _rewrite(fn: Callable) -> Callable:
+    rewritten = _rewritten.get(fn)
+    if rewritten is None:
+        rewritten = _interp.FunctionRewriter(fn).rewrite_ast()
+        _rewritten[fn] = rewritten
+    return rewritten
+
+
+def _nested_call(self, *args, **kwargs):
+    """``__call__`` of jitted functions while kernels run: a helper called from a kernel."""
+    if not interpreting():
+        raise RuntimeError(
+            f"@triton.jit function {self.fn.__name__} cannot be called outside a kernel"
+        )
+    return _rewrite(self.fn)(*args, **kwargs)
+
+
+def _tensor_index(self) -> int:
+    return int(np.asarray(self.handle.data).reshape(-1)[0])
+
+
+def _anchor() -> None:  # a function whose globals hold triton.language and its core
+    return tl, tl_core
+
+
+def _enter() -> None:
+    global _active, _scope
+    with _lock:
+        if _active == 0:
+            scope = _interp._patch_lang(_anchor)
+            scope.set_attr(_interp.InterpreterBuilder, "grid_idx",
+                           property(_grid_idx_get, _grid_idx_set))
+            scope.set_attr(_interp.InterpreterBuilder, "grid_dim",
+                           property(_grid_dim_get, _grid_dim_set))
+            # Triton 3.6 converts scalars with int() of a 1-element array, which NumPy 2.4
+            # rejects.
+            scope.set_attr(tl.tensor, "__index__", _tensor_index)
+            scope.set_attr(JITFunction, "__call__", _nested_call)
+            scope.set_attr(_interp.InterpretedFunction, "__call__", _nested_call)
+            _scope = scope
+        _active += 1
+
+
+def _exit() -> None:
+    global _active, _scope
+    with _lock:
+        _active -= 1
+        if _active == 0:
+            _scope.restore()
+            _scope = None
+
+
+def interpreting() -> bool:
+    """Whether the calling thread is running a kernel in the interpreter."""
+    return getattr(_grid, "running", False)
+
+
+# ---------------------------------------------------------------------------
+# Launch
+# ---------------------------------------------------------------------------
+
+
+def _python_fn(kernel) -> Callable:
+    fn = getattr(kernel, "fn", None)
+    if fn is None or not callable(fn):
+        raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
+    return fn
+
+
+def _constexpr_names(fn: Callable) -> set[str]:
+    names = set()
+    for name, param in inspect.signature(fn).parameters.items():
+        annotation = param.annotation
+        if annotation is tl.constexpr or (isinstance(annotation, str) and "constexpr" in annotation):
+            names.add(name)
+    return names
+
+
+def launch(kernel, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Runs ``kernel[grid](*args, **kwargs)`` in the interpreter on the calling thread.
+
+    Args:
+      kernel: a ``@triton.jit`` function (compiled or interpreted flavour).
+      grid: up to three program counts.
+      args: positional kernel arguments: :class:`Pointer`, Python scalars.
+      kwargs: keyword arguments (constexprs and scalars).
+    """
+    fn = _python_fn(kernel)
+    grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    constexprs = _constexpr_names(fn)
+    call_args = {
+        name: value if name in constexprs else _interp._implicit_cvt(value)
+        for name, value in bound.arguments.items()
+    }
+    _enter()
+    _grid.running = True
+    try:
+        rewritten = _rewrite(fn)
+        builder = _interp.interpreter_builder
+        builder.set_grid_dim(*grid)
+        for x in range(grid[0]):
+            for y in range(grid[1]):
+                for z in range(grid[2]):
+                    builder.set_grid_idx(x, y, z)
+                    rewritten(**call_args)
+    finally:
+        _grid.running = False
+        _exit()

@@ -1,0 +1,579 @@
+"""Host SHMEM API: symmetric heaps, one-sided RMA, signals, barriers and teams.
+
+Names follow ACLSHMEM (Ascend's SHMEM) and OpenSHMEM. The `host` backend runs
+``n_pes`` processing elements (PEs) in one process, one per JAX CPU device; each
+PE's heap is a separate allocation of ``heap_size`` bytes, and a symmetric
+allocation is the same offset in every heap.
+
+A PE is a thread bound to a PE number. The runtime binds each JAX device's
+thread while it runs a kernel; user code binds threads with :func:`as_pe`::
+
+    shmem.init(n_pes=4)
+
+    def program(pe):
+        with shmem.as_pe(pe):
+            buf = shmem.malloc(64)          # collective: every PE calls it
+            ...
+            shmem.free(buf)
+
+Addresses are plain integers (host addresses into the calling PE's heap).
+Collective calls (``malloc``, ``calloc``, ``align``, ``free``, ``barrier_all``,
+``team_split_strided``, ``team_sync``) must be made by every PE of the team in
+the same order; a PE that waits longer than the timeout raises
+:class:`ShmemTimeoutError` naming the PEs that did not arrive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import os
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from jax_triton_dist import _shmem as _lib
+
+__all__ = [
+    "ShmemError", "ShmemTimeoutError", "Cmp", "SignalOp", "InitStatus", "Team", "TEAM_WORLD",
+    "DEFAULT_HEAP_SIZE", "HEAP_SIZE_ENV", "TIMEOUT_ENV",
+    "init", "finalize", "init_status", "backend", "heap_size", "as_pe", "bind_pe", "unbind_pe",
+    "my_pe", "n_pes", "malloc", "calloc", "align", "free", "ptr", "as_array", "barrier_all",
+    "putmem", "getmem", "putmem_nbi", "getmem_nbi", "putmem_signal", "putmem_signal_nbi",
+    "signal_op", "signal_fetch", "signal_wait_until", "quiet", "fence",
+    "team_split_strided", "team_my_pe", "team_n_pes", "team_translate_pe", "team_sync",
+    "team_destroy", "wait_timeout",
+]
+
+ShmemError = _lib.ShmemError
+ShmemTimeoutError = _lib.ShmemTimeoutError
+
+DEFAULT_HEAP_SIZE = 1 << 30
+"""Default per-PE heap size (1 GiB of address space; pages are committed on use)."""
+HEAP_SIZE_ENV = "JTD_SHMEM_HEAP_SIZE"
+"""Environment variable for the heap size: bytes, or with a K/M/G suffix."""
+TIMEOUT_ENV = "JTD_WAIT_TIMEOUT"
+"""Environment variable: seconds a wait or a collective may take before it fails."""
+DEFAULT_TIMEOUT_S = 60.0
+
+_MIN_ALIGNMENT = 256
+_WORLD_KEY = 0
+
+
+class Cmp(enum.IntEnum):
+    """Comparison of ``signal_wait_until`` (and ``dl.wait``)."""
+
+    EQ = 0
+    NE = 1
+    GT = 2
+    GE = 3
+    LT = 4
+    LE = 5
+
+
+class SignalOp(enum.IntEnum):
+    """Signal update of ``signal_op`` / ``putmem_signal``."""
+
+    SET = 0
+    ADD = 1
+
+
+class InitStatus(enum.IntEnum):
+    """Result of :func:`init_status`."""
+
+    NOT_INITIALIZED = 0
+    INITIALIZED = 1
+
+
+def wait_timeout() -> float:
+    """Seconds a wait or collective may take: ``$JTD_WAIT_TIMEOUT`` or 60."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be positive, got {raw!r}")
+    return value
+
+
+def _parse_size(raw: str) -> int:
+    text = raw.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if scale != 1 else text
+    try:
+        return int(float(digits) * scale)
+    except ValueError:
+        raise ValueError(
+            f"{HEAP_SIZE_ENV}={raw!r} is not a size (examples: 268435456, 256M, 2G)"
+        ) from None
+
+
+# ---------------------------------------------------------------------------
+# Lifetime
+# ---------------------------------------------------------------------------
+
+_teams_lock = threading.Lock()
+_next_team_key = [1]
+
+
+def init(n_pes: int | None = None, heap_size: int | None = None, backend: str = "host") -> None:
+    """Initialises SHMEM for this process.
+
+    Args:
+      n_pes: number of PEs. Default: the number of JAX CPU devices.
+      heap_size: bytes per PE heap. Default: ``$JTD_SHMEM_HEAP_SIZE`` or 1 GiB.
+      backend: ``"host"`` (the only backend of this build).
+
+    Raises:
+      ShmemError: already initialised.
+      ValueError: ``n_pes`` or ``heap_size`` is not positive.
+    """
+    if _lib.initialized():
+        raise ShmemError("SHMEM is already initialised (call shmem.finalize() first)")
+    if n_pes is None:
+        import jax
+
+        n_pes = jax.local_device_count("cpu")
+    if heap_size is None:
+        env = os.environ.get(HEAP_SIZE_ENV)
+        heap_size = _parse_size(env) if env else DEFAULT_HEAP_SIZE
+    if int(n_pes) <= 0:
+        raise ValueError(f"shmem.init: n_pes must be positive, got {n_pes}")
+    if int(heap_size) <= 0:
+        raise ValueError(
+            f"shmem.init: heap_size must be positive, got {heap_size} (set it with the "
+            f"heap_size argument or {HEAP_SIZE_ENV})"
+        )
+    heap_size = (int(heap_size) + _MIN_ALIGNMENT - 1) // _MIN_ALIGNMENT * _MIN_ALIGNMENT
+    _lib.init(backend, int(n_pes), heap_size)
+
+
+def finalize() -> None:
+    """Releases every heap. Symmetric addresses become invalid."""
+    _require_init()
+    _lib.finalize()
+
+
+def init_status() -> InitStatus:
+    """Whether :func:`init` has run (and :func:`finalize` has not)."""
+    return InitStatus.INITIALIZED if _lib.initialized() else InitStatus.NOT_INITIALIZED
+
+
+def backend() -> str:
+    """Name of the active backend."""
+    _require_init()
+    return _lib.backend_name()
+
+
+def heap_size() -> int:
+    """Bytes per PE heap."""
+    _require_init()
+    return _lib.heap_size()
+
+
+def _require_init() -> None:
+    if not _lib.initialized():
+        raise ShmemError("SHMEM is not initialised: call jax_triton_dist.shmem.init() first")
+
+
+# ---------------------------------------------------------------------------
+# PE binding
+# ---------------------------------------------------------------------------
+
+_bound = threading.local()
+
+
+def bind_pe(pe: int) -> None:
+    """Makes the calling thread act as PE ``pe`` (see :func:`as_pe`)."""
+    _require_init()
+    _check_pe(pe)
+    _bound.pe = int(pe)
+
+
+def unbind_pe() -> None:
+    """Releases the calling thread's PE binding."""
+    _bound.pe = None
+
+
+@contextlib.contextmanager
+def as_pe(pe: int) -> Iterator[int]:
+    """Context manager: the calling thread acts as PE ``pe`` inside the block."""
+    previous = getattr(_bound, "pe", None)
+    bind_pe(pe)
+    try:
+        yield int(pe)
+    finally:
+        _bound.pe = previous
+
+
+def my_pe() -> int:
+    """The calling thread's PE."""
+    _require_init()
+    pe = getattr(_bound, "pe", None)
+    if pe is None:
+        raise ShmemError(
+            "this thread is not bound to a PE: wrap the code in `with shmem.as_pe(pe):` "
+            "(the runtime binds each JAX device's thread while its kernel runs)"
+        )
+    return pe
+
+
+def n_pes() -> int:
+    """Number of PEs."""
+    _require_init()
+    return _lib.n_pes()
+
+
+def _check_pe(pe: int, what: str = "pe") -> None:
+    n = _lib.n_pes()
+    if not isinstance(pe, (int, np.integer)) or not 0 <= int(pe) < n:
+        raise ValueError(f"{what} {pe!r} is out of range: this job has PEs 0..{n - 1}")
+
+
+# ---------------------------------------------------------------------------
+# Memory
+# ---------------------------------------------------------------------------
+
+
+def _offset_of(addr: int, what: str) -> int:
+    me = my_pe()
+    base = _lib.heap_base(me)
+    if not base <= addr < base + _lib.heap_size():
+        owner = _lib.pe_of(addr)
+        where = f"the heap of PE {owner}" if owner >= 0 else "no symmetric heap"
+        raise ShmemError(
+            f"PE {me}: {what} 0x{addr:x} is not in this PE's symmetric heap (it is in {where}); "
+            "pass an address returned by shmem.malloc on this PE"
+        )
+    return addr - base
+
+
+def _world_exchange(value: int) -> list[int]:
+    return _lib.exchange(_WORLD_KEY, _lib.n_pes(), my_pe(), int(value), wait_timeout())
+
+
+def align(alignment: int, size: int) -> int:
+    """Collective symmetric allocation of ``size`` bytes aligned to ``alignment``.
+
+    Returns the address in the calling PE's heap; 0 for ``size == 0``.
+
+    Raises:
+      ValueError: negative size, or an alignment that is not a power of two.
+      ShmemError: the PEs asked for different sizes, or the heap is exhausted.
+    """
+    if size < 0:
+        raise ValueError(f"shmem.malloc: size must be >= 0, got {size}")
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(f"shmem.align: alignment must be a power of two, got {alignment}")
+    me = my_pe()
+    sizes = _world_exchange(size)
+    if len(set(sizes)) != 1:
+        raise ShmemError(
+            "shmem.malloc is collective with equal sizes, but the PEs asked for "
+            + ", ".join(f"PE {pe}: {s} bytes" for pe, s in enumerate(sizes))
+        )
+    if size == 0:
+        return 0
+    offset = -1
+    if me == 0:
+        with contextlib.suppress(ShmemError):
+            offset = _lib.alloc(size, max(alignment, _MIN_ALIGNMENT))
+    offset = _world_exchange(offset)[0]
+    if offset < 0:
+        raise ShmemError(
+            f"PE {me}: symmetric heap exhausted: cannot allocate {size} bytes "
+            f"(heap {_lib.heap_size()} bytes, {_lib.allocated_bytes()} in use, largest free block "
+            f"{_lib.largest_free_block()}); raise the heap with shmem.init(heap_size=...) or "
+            f"{HEAP_SIZE_ENV}"
+        )
+    return _lib.heap_base(me) + offset
+
+
+def malloc(size: int) -> int:
+    """Collective symmetric allocation of ``size`` bytes (see :func:`align`)."""
+    return align(_MIN_ALIGNMENT, size)
+
+
+def calloc(nmemb: int, size: int) -> int:
+    """Collective, zero-filled symmetric allocation of ``nmemb * size`` bytes."""
+    if nmemb < 0 or size < 0:
+        raise ValueError(f"shmem.calloc: counts must be >= 0, got nmemb={nmemb}, size={size}")
+    addr = malloc(nmemb * size)
+    if addr:
+        ctypes.memset(addr, 0, nmemb * size)
+        barrier_all()
+    return addr
+
+
+def free(addr: int | None) -> None:
+    """Collective release of a symmetric allocation. ``free(None)``/``free(0)`` do nothing.
+
+    Raises:
+      ShmemError: ``addr`` is not in the heap, is not an allocation (double free), or the PEs
+        freed different allocations.
+    """
+    if not addr:
+        return
+    me = my_pe()
+    offset = _offset_of(int(addr), "shmem.free: address")
+    offsets = _world_exchange(offset)
+    if len(set(offsets)) != 1:
+        raise ShmemError(
+            "shmem.free is collective on one allocation, but the PEs freed offsets "
+            + ", ".join(f"PE {pe}: 0x{o:x}" for pe, o in enumerate(offsets))
+        )
+    released = _lib.release(offset) if me == 0 else 0
+    released = _world_exchange(released)[0]
+    if released == 0:
+        raise ShmemError(
+            f"PE {me}: shmem.free(0x{int(addr):x}): not a live allocation (double free, or an "
+            "address inside an allocation rather than its start)"
+        )
+
+
+def ptr(addr: int, pe: int) -> int:
+    """Address of symmetric ``addr`` in PE ``pe``'s heap (every host PE is reachable)."""
+    _check_pe(pe)
+    return _lib.heap_base(pe) + _offset_of(int(addr), "shmem.ptr: address")
+
+
+def as_array(addr: int, shape: int | tuple[int, ...], dtype) -> np.ndarray:
+    """A NumPy view of host memory at ``addr`` (no copy)."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = (ctypes.c_char * nbytes).from_address(addr)
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------------------
+# RMA
+# ---------------------------------------------------------------------------
+
+
+def _remote(dest: int, pe: int, what: str) -> int:
+    _check_pe(pe)
+    return _lib.heap_base(pe) + _offset_of(int(dest), what)
+
+
+def _check_nbytes(nbytes: int, fn: str) -> None:
+    if nbytes < 0:
+        raise ValueError(f"shmem.{fn}: nbytes must be >= 0, got {nbytes}")
+
+
+def putmem(dest: int, source: int, nbytes: int, pe: int) -> None:
+    """Copies ``nbytes`` from local ``source`` to symmetric ``dest`` on PE ``pe``."""
+    _check_nbytes(nbytes, "putmem")
+    _lib.memcpy(_remote(dest, pe, "putmem: dest"), int(source), nbytes)
+
+
+def getmem(dest: int, source: int, nbytes: int, pe: int) -> None:
+    """Copies ``nbytes`` from symmetric ``source`` on PE ``pe`` to local ``dest``."""
+    _check_nbytes(nbytes, "getmem")
+    _lib.memcpy(int(dest), _remote(source, pe, "getmem: source"), nbytes)
+
+
+def putmem_nbi(dest: int, source: int, nbytes: int, pe: int) -> None:
+    """Non-blocking :func:`putmem`: complete after :func:`quiet` (immediate on `host`)."""
+    putmem(dest, source, nbytes, pe)
+
+
+def getmem_nbi(dest: int, source: int, nbytes: int, pe: int) -> None:
+    """Non-blocking :func:`getmem`: complete after :func:`quiet` (immediate on `host`)."""
+    getmem(dest, source, nbytes, pe)
+
+
+def signal_op(sig_addr: int, signal: int, sig_op: SignalOp, pe: int) -> None:
+    """Atomically sets or adds ``signal`` to the 64-bit signal ``sig_addr`` on PE ``pe``."""
+    op = SignalOp(sig_op)
+    _lib.signal_op(_remote(sig_addr, pe, "signal_op: sig_addr"), int(signal), int(op), 8)
+
+
+def putmem_signal(
+    dest: int, source: int, nbytes: int, sig_addr: int, signal: int, sig_op: SignalOp, pe: int
+) -> None:
+    """:func:`putmem`, then (ordered after the data) :func:`signal_op` on the same PE."""
+    putmem(dest, source, nbytes, pe)
+    _lib.fence()
+    signal_op(sig_addr, signal, sig_op, pe)
+
+
+def putmem_signal_nbi(
+    dest: int, source: int, nbytes: int, sig_addr: int, signal: int, sig_op: SignalOp, pe: int
+) -> None:
+    """Non-blocking :func:`putmem_signal` (immediate on `host`)."""
+    putmem_signal(dest, source, nbytes, sig_addr, signal, sig_op, pe)
+
+
+def signal_fetch(sig_addr: int) -> int:
+    """Reads the local 64-bit signal at ``sig_addr`` (acquire)."""
+    return _lib.signal_fetch(_lib.heap_base(my_pe()) + _offset_of(sig_addr, "signal_fetch"), 8)
+
+
+def signal_wait_until(sig_addr: int, cmp: Cmp, cmp_value: int, timeout: float | None = None) -> int:
+    """Waits until the local signal ``sig_addr`` satisfies ``cmp`` against ``cmp_value``.
+
+    Returns:
+      The signal's value once the comparison held.
+
+    Raises:
+      ShmemTimeoutError: not satisfied within ``timeout`` (default :func:`wait_timeout`);
+        the message names the PE, the address, the expected and the seen value.
+    """
+    cmp = Cmp(cmp)
+    addr = _lib.heap_base(my_pe()) + _offset_of(int(sig_addr), "signal_wait_until: sig_addr")
+    who = f"PE {my_pe()} signal_wait_until"
+    timeout = wait_timeout() if timeout is None else timeout
+    _lib.wait_flags([addr], 8, False, int(cmp), int(cmp_value), float(timeout), who)
+    return _lib.signal_fetch(addr, 8)
+
+
+def quiet() -> None:
+    """Completes this PE's outstanding puts and gets."""
+    _lib.fence()
+
+
+def fence() -> None:
+    """Orders this PE's puts to each PE."""
+    _lib.fence()
+
+
+def barrier_all() -> None:
+    """Collective: waits for every PE and completes outstanding RMA."""
+    _lib.fence()
+    _world_exchange(0)
+
+
+# ---------------------------------------------------------------------------
+# Teams
+# ---------------------------------------------------------------------------
+
+
+class Team:
+    """A strided subset of PEs: ``start, start + stride, ...`` (``size`` of them).
+
+    Team objects come from :func:`team_split_strided`; :data:`TEAM_WORLD` holds every PE.
+    """
+
+    def __init__(self, key: int, start: int, stride: int, size: int):
+        self.key, self.start, self.stride, self.size = key, start, stride, size
+        self.destroyed = False
+
+    def pes(self) -> list[int]:
+        """Global PE numbers of the members, in team order."""
+        return [self.start + i * self.stride for i in range(self.size)]
+
+    def index_of(self, pe: int) -> int:
+        """Team PE number of global ``pe``, or -1 if not a member."""
+        offset = pe - self.start
+        if offset < 0 or offset % self.stride:
+            return -1
+        index = offset // self.stride
+        return index if index < self.size else -1
+
+    def _check(self) -> None:
+        if self.destroyed:
+            raise ShmemError(f"team {self.key} was destroyed")
+
+    def __repr__(self) -> str:
+        return f"Team(start={self.start}, stride={self.stride}, size={self.size})"
+
+
+class _WorldTeam(Team):
+    def __init__(self):
+        super().__init__(_WORLD_KEY, 0, 1, 0)
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        return n_pes()
+
+    @size.setter
+    def size(self, value: int) -> None:
+        pass
+
+
+TEAM_WORLD: Team = _WorldTeam()
+"""Every PE."""
+
+def _team_of(team: Team) -> Team:
+    if not isinstance(team, Team):
+        raise TypeError(f"expected a shmem.Team, got {type(team).__name__}")
+    team._check()
+    return team
+
+
+def team_my_pe(team: Team) -> int:
+    """The calling PE's number in ``team``, or -1 if it is not a member."""
+    return _team_of(team).index_of(my_pe())
+
+
+def team_n_pes(team: Team) -> int:
+    """Number of PEs in ``team``."""
+    return _team_of(team).size
+
+
+def team_translate_pe(src_team: Team, src_pe: int, dest_team: Team) -> int:
+    """Number in ``dest_team`` of PE ``src_pe`` of ``src_team``; -1 if not a member."""
+    src, dest = _team_of(src_team), _team_of(dest_team)
+    if not 0 <= src_pe < src.size:
+        raise ValueError(f"team_translate_pe: src_pe {src_pe} is out of range 0..{src.size - 1}")
+    return dest.index_of(src.pes()[src_pe])
+
+
+def team_split_strided(parent: Team, start: int, stride: int, size: int) -> Team | None:
+    """Collective over ``parent``: a new team of parent PEs ``start + i * stride``.
+
+    Returns:
+      The new team on its members, ``None`` on the other PEs of ``parent``.
+
+    Raises:
+      ValueError: the team does not fit in ``parent``.
+      ShmemError: the PEs of ``parent`` passed different arguments.
+    """
+    parent = _team_of(parent)
+    if size <= 0 or stride < 1 or start < 0 or start + (size - 1) * stride >= parent.size:
+        raise ValueError(
+            f"team_split_strided: start={start}, stride={stride}, size={size} does not fit in a "
+            f"parent team of {parent.size} PEs"
+        )
+    me = parent.index_of(my_pe())
+    if me < 0:
+        raise ShmemError(f"PE {my_pe()} is not a member of {parent!r}")
+    signature = hash((start, stride, size)) & 0x7FFFFFFFFFFFFFFF
+    seen = _lib.exchange(parent.key, parent.size, me, signature, wait_timeout())
+    if len(set(seen)) != 1:
+        raise ShmemError("team_split_strided is collective: the PEs of the parent team passed "
+                         "different start/stride/size")
+    # PE 0 of the parent draws the new team's rendezvous key; a second exchange shares it.
+    key = 0
+    if me == 0:
+        with _teams_lock:
+            key = _next_team_key[0]
+            _next_team_key[0] += 1
+    key = _lib.exchange(parent.key, parent.size, me, key, wait_timeout())[0]
+    pes = parent.pes()
+    team = Team(key, pes[start], stride * parent.stride, size)
+    return team if team.index_of(my_pe()) >= 0 else None
+
+
+def team_sync(team: Team) -> None:
+    """Collective barrier over the members of ``team``."""
+    team = _team_of(team)
+    me = team.index_of(my_pe())
+    if me < 0:
+        raise ShmemError(f"PE {my_pe()} is not a member of {team!r}")
+    _lib.fence()
+    _lib.exchange(team.key, team.size, me, 0, wait_timeout())
+
+
+def team_destroy(team: Team) -> None:
+    """Destroys ``team``; using it afterwards raises :class:`ShmemError`."""
+    team = _team_of(team)
+    if team is TEAM_WORLD:
+        raise ShmemError("TEAM_WORLD cannot be destroyed")
+    team.destroyed = True

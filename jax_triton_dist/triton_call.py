@@ -1,0 +1,217 @@
+"""``triton_call``: a distributed Triton kernel as an XLA custom call inside ``shard_map``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_triton_dist.runtime import call_site
+
+__all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES"]
+
+CPU_TARGET = "jtd_triton_cpu"
+
+SUPPORTED_DTYPES = frozenset(
+    np.dtype(d) for d in (
+        "float32", "float16", "float64", jnp.bfloat16, "int8", "int16", "int32", "int64",
+        "uint8", "uint16", "uint32", "uint64", "bool",
+    )
+)
+"""Element types a kernel argument or result may have."""
+
+
+class Workspace:
+    """A per-rank symmetric scratch buffer that ``triton_call`` passes to the kernel.
+
+    Workspaces live in the SHMEM heap (so peers can reach them with ``dl.symm_at``),
+    are zero when a call site first runs, and keep their contents between calls.
+
+    Args:
+      shape: per-rank shape.
+      dtype: element type.
+    """
+
+    def __init__(self, shape: int | Sequence[int], dtype: Any):
+        self.spec = call_site.ArraySpec(_shape(shape, "Workspace"), _dtype(dtype, "Workspace"))
+
+    def __repr__(self) -> str:
+        return f"Workspace({self.spec.shape}, {self.spec.dtype})"
+
+
+def _shape(shape: int | Sequence[int], what: str) -> tuple[int, ...]:
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+        raise ValueError(f"{what}: shape must be non-negative integers, got {shape}")
+    return tuple(int(d) for d in shape)
+
+
+def _dtype(dtype: Any, what: str) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{what}: unsupported dtype {dtype}; supported: "
+            + ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
+        )
+    return dtype
+
+
+def _manual_axes(axis_name: str) -> tuple[tuple[str, ...], dict[str, int]]:
+    mesh = jax.sharding.get_abstract_mesh()
+    names = tuple(getattr(mesh, "axis_names", ()) or ())
+    if not names:
+        raise ValueError(
+            f"triton_call(axis_name={axis_name!r}) must be called inside jax.shard_map: the "
+            "kernel's rank and num_ranks come from a mesh axis"
+        )
+    manual = set(getattr(mesh, "manual_axes", names))
+    axes = tuple(a for a in names if a in manual)
+    if axis_name not in axes:
+        raise ValueError(
+            f"triton_call: axis_name {axis_name!r} is not a manual axis of the enclosing "
+            f"shard_map (manual axes: {list(axes)})"
+        )
+    return axes, dict(zip(names, mesh.axis_sizes))
+
+
+def _kernel_label(kernel: Any) -> str:
+    fn = getattr(kernel, "fn", None)
+    if fn is None or not callable(fn):
+        raise TypeError(f"triton_call: expected a @triton.jit kernel, got {type(kernel).__name__}")
+    return fn.__name__
+
+
+def _check_signature(kernel: Any, n_positional: int, kwargs: dict[str, Any], label: str) -> None:
+    params = list(inspect.signature(kernel.fn).parameters)
+    if n_positional > len(params):
+        raise TypeError(
+            f"triton_call: kernel {label} takes {len(params)} parameters, but {n_positional} "
+            "positional arguments (inputs, outputs, workspaces) are passed"
+        )
+    unknown = sorted(set(kwargs) - set(params[n_positional:]))
+    if unknown:
+        raise TypeError(f"triton_call: kernel {label} has no parameters {unknown} left to bind "
+                        f"(its parameters: {params})")
+
+
+def _grid(grid: Any, kwargs: dict[str, Any]) -> tuple[int, ...]:
+    if callable(grid):
+        grid = grid(kwargs)
+    grid = (grid,) if isinstance(grid, (int, np.integer)) else tuple(grid)
+    if not 1 <= len(grid) <= 3 or any(int(g) < 1 for g in grid):
+        raise ValueError(f"triton_call: grid must be 1 to 3 positive ints, got {grid}")
+    return tuple(int(g) for g in grid)
+
+
+def triton_call(
+    kernel: Any,
+    *args: Any,
+    out_shape: Any,
+    grid: int | Sequence[int] | Callable[[dict[str, Any]], Sequence[int]],
+    axis_name: str,
+    workspace: Sequence[Workspace] = (),
+    symmetric: Sequence[int] = (),
+    **kwargs: Any,
+) -> Any:
+    """Runs a distributed Triton kernel on every device of a ``shard_map`` axis.
+
+    Must be called inside ``jax.shard_map`` (under ``jax.jit`` or not). Each device runs
+    the kernel with ``dl.rank()`` = its position along ``axis_name`` and
+    ``dl.num_ranks()`` = the axis size; on a mesh with several axes, the devices sharing
+    all other coordinates form one team.
+
+    The kernel receives, in order: ``args`` (arrays as pointers, Python scalars as
+    values), one pointer per ``out_shape`` entry, one pointer per ``workspace`` entry;
+    then ``kwargs`` by name (constexprs and scalars).
+
+    Args:
+      kernel: a ``@triton.jit`` function.
+      *args: per-rank arrays and Python scalars.
+      out_shape: a ``jax.ShapeDtypeStruct`` (or a sequence of them): per-rank results.
+        Results are ordinary XLA buffers; the kernel must write every element.
+      grid: program counts, or a function of ``kwargs`` returning them.
+      axis_name: the manual mesh axis that supplies rank and num_ranks.
+      workspace: symmetric scratch buffers (:class:`Workspace`), zeroed once, kept across
+        calls.
+      symmetric: indices into ``args`` of arrays to stage into the symmetric heap, so that
+        peers can read them with ``dl.symm_at``. Staging alternates between two slots by
+        epoch, so a rank may run at most one call ahead of a peer that reads its data.
+      **kwargs: constexprs and scalar keyword arguments of the kernel.
+
+    Returns:
+      The per-rank result array (or a tuple, if ``out_shape`` is a sequence).
+
+    Raises:
+      ValueError: not inside ``shard_map``, unknown axis, bad grid or ``symmetric`` index.
+      TypeError: unsupported dtype, argument type, or kernel signature mismatch.
+
+    Example::
+
+        @triton.jit
+        def shift_kernel(x_ptr, out_ptr, buf_ptr, n, BLOCK: tl.constexpr):
+            ...  # put x into buf on rank+1, notify, wait, copy buf to out
+
+        def step(x):
+            return jtd.triton_call(
+                shift_kernel, x, x.size, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                workspace=[jtd.Workspace(x.shape, x.dtype)], grid=(1,), axis_name="tp",
+                BLOCK=1024)
+
+        jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))(x)
+    """
+    label = _kernel_label(kernel)
+    axes, sizes = _manual_axes(axis_name)
+    single = hasattr(out_shape, "shape") and hasattr(out_shape, "dtype")
+    outs = [out_shape] if single else list(out_shape)
+    outputs = [call_site.ArraySpec(_shape(o.shape, f"{label} result"),
+                                   _dtype(o.dtype, f"{label} result")) for o in outs]
+    workspaces = list(workspace)
+    if any(not isinstance(w, Workspace) for w in workspaces):
+        raise TypeError("triton_call: workspace entries must be jax_triton_dist.Workspace")
+
+    operands, inputs, params, operand_of = [], [], [], {}
+    for position, arg in enumerate(args):
+        if isinstance(arg, (bool, int, float, np.integer, np.floating)):
+            params.append(("scalar", arg.item() if isinstance(arg, np.generic) else arg))
+            continue
+        if not hasattr(arg, "shape") or not hasattr(arg, "dtype"):
+            raise TypeError(
+                f"triton_call: argument {position} of {label} is a {type(arg).__name__}; "
+                "expected an array or a Python scalar"
+            )
+        array = jnp.asarray(arg)
+        spec = call_site.ArraySpec(tuple(array.shape), _dtype(array.dtype, f"{label} argument "
+                                                               f"{position}"))
+        params.append(("array", len(operands)))
+        operand_of[position] = len(operands)
+        operands.append(array)
+        inputs.append(spec)
+    staged = set()
+    for index in symmetric:
+        if index not in operand_of:
+            raise ValueError(f"triton_call: symmetric index {index} is not an array argument "
+                             f"of {label} (array arguments: {sorted(operand_of)})")
+        staged.add(operand_of[index])
+    params += [("output", i) for i in range(len(outputs))]
+    params += [("workspace", i) for i in range(len(workspaces))]
+    _check_signature(kernel, len(params), kwargs, label)
+
+    site = call_site.CallSite(
+        kernel=kernel, label=label, grid=_grid(grid, kwargs), mesh_axes=axes,
+        axis=axes.index(axis_name), num_ranks=sizes[axis_name], params=params, inputs=inputs,
+        symmetric=frozenset(staged), outputs=outputs, workspaces=[w.spec for w in workspaces],
+        kwargs=dict(kwargs),
+    )
+    call_id = call_site.register(site)
+    coords = jnp.stack([jax.lax.axis_index(a) for a in axes]).astype(jnp.int32)
+    call = jax.ffi.ffi_call(
+        CPU_TARGET,
+        [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
+        has_side_effect=True,
+    )
+    results = call(coords, *operands, call_id=np.int64(call_id))
+    return results[0] if single else tuple(results)

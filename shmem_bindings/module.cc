@@ -1,0 +1,99 @@
+// nanobind module `jax_triton_dist._shmem`: a 1:1 binding of the SHMEM
+// backends. No SHMEM semantics here; jax_triton_dist/shmem.py holds them.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+
+#include "host_backend.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace jtd::shmem {
+namespace {
+
+std::unique_ptr<Backend> g_backend;
+
+Backend& Get() {
+  if (!g_backend) {
+    throw ShmemError("SHMEM is not initialised: call jax_triton_dist.shmem.init() first");
+  }
+  return *g_backend;
+}
+
+void Init(const std::string& backend, int n_pes, size_t heap_size) {
+  if (g_backend) throw ShmemError("SHMEM is already initialised");
+  if (backend != "host") {
+    throw std::invalid_argument("unknown SHMEM backend '" + backend +
+                                "' (this build has: host)");
+  }
+  g_backend = std::make_unique<HostBackend>(n_pes, heap_size);
+}
+
+}  // namespace
+}  // namespace jtd::shmem
+
+NB_MODULE(_shmem, m) {
+  using namespace jtd::shmem;
+  m.doc() = "SHMEM backends of jax_triton_dist (private; use jax_triton_dist.shmem)";
+
+  auto shmem_error = nb::exception<ShmemError>(m, "ShmemError", PyExc_RuntimeError);
+  nb::exception<ShmemTimeout>(m, "ShmemTimeoutError", shmem_error.ptr());
+
+  // Lifetime.
+  m.def("init", &Init, "backend"_a, "n_pes"_a, "heap_size"_a);
+  m.def("finalize", [] { g_backend.reset(); });
+  m.def("initialized", [] { return g_backend != nullptr; });
+  m.def("backend_name", [] { return std::string(Get().name()); });
+
+  // Geometry.
+  m.def("n_pes", [] { return Get().n_pes(); });
+  m.def("heap_size", [] { return Get().heap_size(); });
+  m.def("heap_base", [](int pe) { return Get().heap_base(pe); }, "pe"_a);
+  m.def("pe_of", [](uintptr_t addr) { return Get().pe_of(addr); }, "addr"_a);
+
+  // Allocator (offsets shared by all heaps).
+  m.def("alloc", [](size_t size, size_t alignment) { return Get().alloc(size, alignment); },
+        "size"_a, "alignment"_a);
+  m.def("release", [](size_t offset) { return Get().release(offset); }, "offset"_a);
+  m.def("allocated_bytes", [] { return Get().allocated_bytes(); });
+  m.def("largest_free_block", [] { return Get().largest_free_block(); });
+
+  // Rendezvous among the PEs of this process (releases the GIL while waiting).
+  m.def(
+      "exchange",
+      [](int64_t key, int members, int index, int64_t value, double timeout_s) {
+        Backend& backend = Get();
+        nb::gil_scoped_release release;
+        return backend.exchange(key, members, index, value, timeout_s);
+      },
+      "key"_a, "members"_a, "index"_a, "value"_a, "timeout_s"_a);
+
+  // Memory and atomics on host addresses.
+  m.def(
+      "memcpy",
+      [](uintptr_t dst, uintptr_t src, size_t nbytes) {
+        nb::gil_scoped_release release;
+        std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+      },
+      "dst"_a, "src"_a, "nbytes"_a);
+  m.def(
+      "signal_op",
+      [](uintptr_t addr, uint64_t value, int op, int itemsize) {
+        signal_op(addr, value, static_cast<SignalOp>(op), itemsize);
+      },
+      "addr"_a, "value"_a, "op"_a, "itemsize"_a);
+  m.def("signal_fetch", &signal_fetch, "addr"_a, "itemsize"_a);
+  m.def(
+      "wait_flags",
+      [](std::vector<uintptr_t> addrs, int itemsize, bool is_signed, int cmp, int64_t value,
+         double timeout_s, std::string who) {
+        nb::gil_scoped_release release;
+        wait_flags(addrs, itemsize, is_signed, static_cast<Cmp>(cmp), value, timeout_s, who);
+      },
+      "addrs"_a, "itemsize"_a, "is_signed"_a, "cmp"_a, "value"_a, "timeout_s"_a, "who"_a);
+  m.def("fence", &fence);
+}
