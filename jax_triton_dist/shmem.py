@@ -44,7 +44,7 @@ __all__ = [
     "putmem", "getmem", "putmem_nbi", "getmem_nbi", "putmem_signal", "putmem_signal_nbi",
     "signal_op", "signal_fetch", "signal_wait_until", "quiet", "fence",
     "team_split_strided", "team_my_pe", "team_n_pes", "team_translate_pe", "team_sync",
-    "team_destroy", "wait_timeout",
+    "team_destroy", "wait_timeout", "generation",
 ]
 
 ShmemError = _lib.ShmemError
@@ -119,6 +119,13 @@ def _parse_size(raw: str) -> int:
 
 _teams_lock = threading.Lock()
 _next_team_key = [1]
+_generation = [0]
+
+
+def generation() -> int:
+    """How many times :func:`init` has succeeded in this process (state older than the
+    current generation refers to released heaps)."""
+    return _generation[0]
 
 
 def init(n_pes: int | None = None, heap_size: int | None = None, backend: str = "host") -> None:
@@ -151,6 +158,7 @@ def init(n_pes: int | None = None, heap_size: int | None = None, backend: str = 
         )
     heap_size = (int(heap_size) + _MIN_ALIGNMENT - 1) // _MIN_ALIGNMENT * _MIN_ALIGNMENT
     _lib.init(backend, int(n_pes), heap_size)
+    _generation[0] += 1
 
 
 def finalize() -> None:
@@ -253,8 +261,18 @@ def _offset_of(addr: int, what: str) -> int:
     return addr - base
 
 
-def _world_exchange(value: int) -> list[int]:
-    return _lib.exchange(_WORLD_KEY, _lib.n_pes(), my_pe(), int(value), wait_timeout())
+def _exchange(team_key: int, size: int, index: int, value: int, what: str) -> list[int]:
+    try:
+        return _lib.exchange(team_key, size, index, int(value), wait_timeout())
+    except ShmemTimeoutError as error:
+        raise ShmemTimeoutError(
+            f"PE {my_pe()}: {what} is collective and {error} (members are numbered in the "
+            f"team; raise {TIMEOUT_ENV} if they are only slow)"
+        ) from None
+
+
+def _world_exchange(value: int, what: str) -> list[int]:
+    return _exchange(_WORLD_KEY, _lib.n_pes(), my_pe(), value, what)
 
 
 def align(alignment: int, size: int) -> int:
@@ -271,7 +289,7 @@ def align(alignment: int, size: int) -> int:
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"shmem.align: alignment must be a power of two, got {alignment}")
     me = my_pe()
-    sizes = _world_exchange(size)
+    sizes = _world_exchange(size, "shmem.malloc")
     if len(set(sizes)) != 1:
         raise ShmemError(
             "shmem.malloc is collective with equal sizes, but the PEs asked for "
@@ -283,7 +301,7 @@ def align(alignment: int, size: int) -> int:
     if me == 0:
         with contextlib.suppress(ShmemError):
             offset = _lib.alloc(size, max(alignment, _MIN_ALIGNMENT))
-    offset = _world_exchange(offset)[0]
+    offset = _world_exchange(offset, "shmem.malloc")[0]
     if offset < 0:
         raise ShmemError(
             f"PE {me}: symmetric heap exhausted: cannot allocate {size} bytes "
@@ -321,14 +339,14 @@ def free(addr: int | None) -> None:
         return
     me = my_pe()
     offset = _offset_of(int(addr), "shmem.free: address")
-    offsets = _world_exchange(offset)
+    offsets = _world_exchange(offset, "shmem.free")
     if len(set(offsets)) != 1:
         raise ShmemError(
             "shmem.free is collective on one allocation, but the PEs freed offsets "
             + ", ".join(f"PE {pe}: 0x{o:x}" for pe, o in enumerate(offsets))
         )
     released = _lib.release(offset) if me == 0 else 0
-    released = _world_exchange(released)[0]
+    released = _world_exchange(released, "shmem.free")[0]
     if released == 0:
         raise ShmemError(
             f"PE {me}: shmem.free(0x{int(addr):x}): not a live allocation (double free, or an "
@@ -446,7 +464,7 @@ def fence() -> None:
 def barrier_all() -> None:
     """Collective: waits for every PE and completes outstanding RMA."""
     _lib.fence()
-    _world_exchange(0)
+    _world_exchange(0, "shmem.barrier_all")
 
 
 # ---------------------------------------------------------------------------
@@ -545,7 +563,7 @@ def team_split_strided(parent: Team, start: int, stride: int, size: int) -> Team
     if me < 0:
         raise ShmemError(f"PE {my_pe()} is not a member of {parent!r}")
     signature = hash((start, stride, size)) & 0x7FFFFFFFFFFFFFFF
-    seen = _lib.exchange(parent.key, parent.size, me, signature, wait_timeout())
+    seen = _exchange(parent.key, parent.size, me, signature, "shmem.team_split_strided")
     if len(set(seen)) != 1:
         raise ShmemError("team_split_strided is collective: the PEs of the parent team passed "
                          "different start/stride/size")
@@ -555,7 +573,7 @@ def team_split_strided(parent: Team, start: int, stride: int, size: int) -> Team
         with _teams_lock:
             key = _next_team_key[0]
             _next_team_key[0] += 1
-    key = _lib.exchange(parent.key, parent.size, me, key, wait_timeout())[0]
+    key = _exchange(parent.key, parent.size, me, key, "shmem.team_split_strided")[0]
     pes = parent.pes()
     team = Team(key, pes[start], stride * parent.stride, size)
     return team if team.index_of(my_pe()) >= 0 else None
@@ -568,7 +586,7 @@ def team_sync(team: Team) -> None:
     if me < 0:
         raise ShmemError(f"PE {my_pe()} is not a member of {team!r}")
     _lib.fence()
-    _lib.exchange(team.key, team.size, me, 0, wait_timeout())
+    _exchange(team.key, team.size, me, 0, "shmem.team_sync")
 
 
 def team_destroy(team: Team) -> None:

@@ -154,26 +154,31 @@ std::vector<int64_t> HostBackend::exchange(int64_t key, int members, int index,
     rv_cv_.notify_all();
   }
   auto deadline = Deadline(timeout_s);
-  while (!round.complete) {
+  while (!round.complete && !round.failed) {
     if (rv_cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        !round.complete) {
+        !round.complete && !round.failed) {
       std::string missing;
       for (int i = 0; i < members; ++i) {
         if (!round.present[i]) {
           missing += (missing.empty() ? "" : ", ") + std::to_string(i);
         }
       }
-      round.present[index] = false;
-      --round.arrived;
-      char buf[256];
+      char buf[160];
       std::snprintf(buf, sizeof(buf),
-                    "member %d of %d waited %.1f s; %d arrived, missing: ",
-                    index, members, timeout_s, round.arrived + 1);
-      throw ShmemTimeout(std::string(buf) + missing);
+                    "timed out after %.1f s: %d of %d members arrived, missing: ",
+                    timeout_s, round.arrived, members);
+      round.failed = true;
+      round.error = std::string(buf) + missing;
+      rv_cv_.notify_all();
     }
   }
-  std::vector<int64_t> result = round.values;
   rv.next_gen[index] = gen + 1;
+  if (round.failed) {
+    std::string error = round.error;
+    if (++round.departed == members) rv.rounds.erase(gen);
+    throw ShmemTimeout(error);
+  }
+  std::vector<int64_t> result = round.values;
   if (++round.departed == members) rv.rounds.erase(gen);
   return result;
 }

@@ -90,6 +90,8 @@ class HostBackend final : public Backend {
     int arrived = 0;
     int departed = 0;
     bool complete = false;
+    bool failed = false;  // a member timed out; everyone leaves with `error`
+    std::string error;
   };
   struct Rendezvous {
     int members = 0;

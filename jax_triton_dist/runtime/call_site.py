@@ -48,6 +48,7 @@ class TeamState:
     """The ranks of one team at one call site, and their symmetric region."""
 
     pes: list[int | None]
+    generation: int  # SHMEM generation the region belongs to
     region: int = -1  # offset of the symmetric region in every heap
     epochs: dict[int, int] = dataclasses.field(default_factory=dict)
 
@@ -115,7 +116,11 @@ class CallSite:
         rank = coords[self.axis]
         key = coords[: self.axis] + coords[self.axis + 1:]
         with self.cond:
-            team = self.teams.setdefault(key, TeamState(pes=[None] * self.num_ranks))
+            team = self.teams.get(key)
+            if team is None or team.generation != shmem.generation():
+                # First run, or SHMEM was re-initialised since: start over.
+                team = TeamState(pes=[None] * self.num_ranks, generation=shmem.generation())
+                self.teams[key] = team
             if team.pes[rank] is None:
                 team.pes[rank] = pe
             elif team.pes[rank] != pe:
