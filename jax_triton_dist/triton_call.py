@@ -208,10 +208,9 @@ def triton_call(
     )
     call_id = call_site.register(site)
     coords = jnp.stack([jax.lax.axis_index(a) for a in axes]).astype(jnp.int32)
-    call = jax.ffi.ffi_call(
-        CPU_TARGET,
-        [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
-        has_side_effect=True,
-    )
+    # Not marked as side-effecting: the results are the call's only effect (workspaces are
+    # private to the call site), and side-effecting calls make JAX thread a runtime token
+    # that re-raises a failed call's error at every later effects barrier.
+    call = jax.ffi.ffi_call(CPU_TARGET, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs])
     results = call(coords, *operands, call_id=np.int64(call_id))
     return results[0] if single else tuple(results)
