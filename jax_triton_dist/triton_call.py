@@ -75,7 +75,7 @@ def _manual_axes(axis_name: str) -> tuple[tuple[str, ...], dict[str, int]]:
             f"triton_call: axis_name {axis_name!r} is not a manual axis of the enclosing "
             f"shard_map (manual axes: {list(axes)})"
         )
-    return axes, dict(zip(names, mesh.axis_sizes))
+    return axes, dict(zip(names, mesh.axis_sizes, strict=True))
 
 
 def _kernel_label(kernel: Any) -> str:

@@ -44,7 +44,8 @@ def one_shot_all_reduce_kernel(
         dl.notify(slot_flags + me * num_programs + pid, peer, epoch, "set", "sys")
 
     # ---- wait for every source's block, reduce in rank order ----
-    acc = tl.zeros([BLOCK], dtype=tl.float32) if x.dtype.is_floating() else tl.zeros([BLOCK], dtype=x.dtype)
+    acc_dtype = tl.float32 if x.dtype.is_floating() else x.dtype
+    acc = tl.zeros([BLOCK], dtype=acc_dtype)
     for src in range(0, world):
         token = dl.wait(slot_flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
         block = dl.consume_token(slot_buf + src * n + offs, token)

@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 import pytest
+from spmd import errors_of, run_pes
 
 from jax_triton_dist import _shmem, shmem
-from spmd import errors_of, run_pes
 
 HEAP = 8 << 20
 
@@ -106,9 +106,8 @@ def test_unbound_thread_has_no_pe(world):
 
 
 def test_bind_out_of_range_pe(world):
-    with pytest.raises(ValueError, match="pe 9 is out of range"):
-        with shmem.as_pe(9):
-            pass
+    with pytest.raises(ValueError, match="pe 9 is out of range"), shmem.as_pe(9):
+        pass
 
 
 # ---------------------------------------------------------------------------
@@ -429,7 +428,7 @@ def test_wait_until_every_compare(world, cmp, initial, final, value):
         else:
             start = shmem.signal_fetch(sig)
             result = shmem.signal_wait_until(sig, cmp, value)
-            assert start == initial or start == final
+            assert start in (initial, final)
         shmem.barrier_all()
         shmem.free(sig)
         return result

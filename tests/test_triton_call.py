@@ -263,8 +263,8 @@ def test_wait_watchdog_names_rank_flag_and_values(monkeypatch):
     assert time.monotonic() - start < 30
 
 
-def _trace(fn, mesh=None, spec=P("x")):
-    mesh = mesh or make_mesh((2,), ("x",))
+def _trace(fn):
+    mesh, spec = make_mesh((2,), ("x",)), P("x")
     x = put(jnp.ones(8, jnp.float32), mesh, spec)
     return sharded(fn, mesh, spec, spec)(x)
 

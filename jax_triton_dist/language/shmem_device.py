@@ -10,7 +10,14 @@ import triton
 import triton.language as tl
 
 from jax_triton_dist.language.primitives import (
-    barrier_area, fence, notify, num_ranks, rank, symm_at, wait,
+    barrier_area,
+    consume_token,
+    fence,
+    notify,
+    num_ranks,
+    rank,
+    symm_at,
+    wait,
 )
 
 __all__ = [
@@ -76,7 +83,7 @@ def putmem_signal(dest, source, nelems, sig_addr, signal, sig_op: tl.constexpr, 
 def signal_wait_until(sig_addr, cmp: tl.constexpr, cmp_value):
     """Waits until the local signal satisfies ``cmp`` (``"eq"``, ``"ge"``, ...); returns it."""
     token = wait(sig_addr, 1, "sys", "acquire", cmp_value, cmp)
-    return tl.atomic_add(sig_addr, 0, sem="acquire", scope="sys")
+    return tl.atomic_add(consume_token(sig_addr, token), 0, sem="acquire", scope="sys")
 
 
 @triton.jit

@@ -22,7 +22,7 @@ import numpy as np
 from jax_triton_dist import _shmem as _lib
 from jax_triton_dist import shmem
 
-__all__ = ["ArraySpec", "CallSite", "TeamState", "register", "lookup"]
+__all__ = ["ArraySpec", "CallSite", "TeamState", "find", "lookup", "register"]
 
 _ALIGN = 256
 
@@ -172,9 +172,14 @@ def register(site: CallSite) -> int:
     return call_id
 
 
+def find(call_id: int) -> CallSite | None:
+    """The call site of ``call_id``, or None."""
+    return _sites.get(call_id)
+
+
 def lookup(call_id: int) -> CallSite:
     """The call site of ``call_id``."""
-    site = _sites.get(call_id)
+    site = find(call_id)
     if site is None:
         raise RuntimeError(f"unknown jax_triton_dist call site {call_id}")
     return site

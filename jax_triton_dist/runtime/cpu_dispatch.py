@@ -105,7 +105,8 @@ def dispatch(call_id: int, device_ordinal: int, arg_ptrs: list[int],
         cause = error
         while isinstance(cause, InterpreterError) and cause.__cause__ is not None:
             cause = cause.__cause__
-        where = _kernel_frame(call_site.lookup(call_id), error) if call_id in call_site._sites else ""
+        site = call_site.find(call_id)
+        where = _kernel_frame(site, error) if site is not None else ""
         return (f"jax_triton_dist (CPU device {device_ordinal}): {type(cause).__name__}: "
                 f"{cause}{where}")
     return None

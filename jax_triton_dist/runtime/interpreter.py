@@ -150,7 +150,7 @@ def _constexpr_names(fn: Callable) -> set[str]:
     names = set()
     for name, param in inspect.signature(fn).parameters.items():
         annotation = param.annotation
-        if annotation is tl.constexpr or (isinstance(annotation, str) and "constexpr" in annotation):
+        if annotation is tl.constexpr or "constexpr" in str(annotation):
             names.add(name)
     return names
 
