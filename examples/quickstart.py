@@ -7,8 +7,8 @@ Runs on 8 simulated CPU devices (Triton's interpreter, one rank per device):
 The kernel below is a ring all-gather written with the ``dl`` primitives: every rank
 forwards blocks to its successor and raises a flag there; each rank waits for the flag
 of each step before forwarding the block it just received. The result is checked
-against ``jax.lax.all_gather``; then the library's one-shot all-reduce kernel is
-checked against ``jax.lax.psum``.
+against ``jax.lax.all_gather``; then the library's ``jtd.all_reduce`` is checked
+against ``jax.lax.psum``.
 """
 
 import os
@@ -31,7 +31,6 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_triton_dist as jtd  # noqa: E402
 import jax_triton_dist.language as dl  # noqa: E402
-from jax_triton_dist.kernels.allreduce import one_shot_all_reduce_kernel  # noqa: E402
 
 
 @triton.jit
@@ -79,18 +78,6 @@ def ring_all_gather(x, axis_name):
     )
 
 
-def one_shot_all_reduce(x, axis_name, block=256):
-    world = jax.lax.psum(1, axis_name)
-    programs = triton.cdiv(x.size, block)
-    return jtd.triton_call(
-        one_shot_all_reduce_kernel, x, n=x.size,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        workspace=[jtd.Workspace((2, world, x.size), x.dtype),
-                   jtd.Workspace((2, world, programs), jnp.int32)],
-        grid=(programs,), axis_name=axis_name, BLOCK=block,
-    )
-
-
 def main():
     devices = jax.devices()
     mesh = jax.sharding.Mesh(np.array(devices), ("x",))
@@ -104,7 +91,7 @@ def main():
     def both(v):
         gathered = ring_all_gather(v, "x").reshape(-1)
         reference = jax.lax.all_gather(v, "x", tiled=True)
-        return gathered, reference, one_shot_all_reduce(v, "x"), jax.lax.psum(v, "x")
+        return gathered, reference, jtd.all_reduce(v, "x"), jax.lax.psum(v, "x")
 
     f = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     start = time.perf_counter()
@@ -113,7 +100,7 @@ def main():
     np.testing.assert_array_equal(np.asarray(gathered), np.asarray(gathered_ref))
     np.testing.assert_allclose(np.asarray(summed), np.asarray(summed_ref), rtol=1e-5, atol=1e-5)
     print(f"ring all-gather == jax.lax.all_gather        ({world} ranks x 1000 float32)")
-    print(f"one-shot all-reduce == jax.lax.psum (max |diff| "
+    print(f"jtd.all_reduce == jax.lax.psum (max |diff| "
           f"{np.abs(np.asarray(summed) - np.asarray(summed_ref)).max():.2e})")
     print(f"first call (trace + compile + run): {elapsed:.2f} s")
     hlo = f.lower(x).as_text()

@@ -4,15 +4,21 @@ Public API:
 
 * :func:`triton_call`, :class:`Workspace` — launch a distributed Triton kernel inside
   ``jax.shard_map``;
+* :func:`all_gather`, :func:`reduce_scatter`, :func:`all_reduce`, :func:`all_to_all` —
+  drop-in replacements for the ``jax.lax`` collectives;
 * :mod:`jax_triton_dist.language` (``dl``) — the kernel language;
 * :mod:`jax_triton_dist.shmem` — the host SHMEM API.
 """
 
 from jax_triton_dist import shmem
+from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from jax_triton_dist.runtime import ffi_targets as _ffi_targets
-from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, triton_call
+from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, triton_call
 
-__all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES", "shmem"]
+__all__ = [
+    "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem",
+    "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+]
 __version__ = "0.1.0"
 
 _ffi_targets.register()

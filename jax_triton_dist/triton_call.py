@@ -12,7 +12,7 @@ import numpy as np
 
 from jax_triton_dist.runtime import call_site
 
-__all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES"]
+__all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size"]
 
 CPU_TARGET = "jtd_triton_cpu"
 
@@ -65,17 +65,26 @@ def _manual_axes(axis_name: str) -> tuple[tuple[str, ...], dict[str, int]]:
     names = tuple(getattr(mesh, "axis_names", ()) or ())
     if not names:
         raise ValueError(
-            f"triton_call(axis_name={axis_name!r}) must be called inside jax.shard_map: the "
-            "kernel's rank and num_ranks come from a mesh axis"
+            f"axis_name={axis_name!r}: jax_triton_dist ops must be called inside "
+            "jax.shard_map: the kernel's rank and num_ranks come from a mesh axis"
         )
     manual = set(getattr(mesh, "manual_axes", names))
     axes = tuple(a for a in names if a in manual)
     if axis_name not in axes:
         raise ValueError(
-            f"triton_call: axis_name {axis_name!r} is not a manual axis of the enclosing "
+            f"axis_name {axis_name!r} is not a manual axis of the enclosing "
             f"shard_map (manual axes: {list(axes)})"
         )
     return axes, dict(zip(names, mesh.axis_sizes, strict=True))
+
+
+def axis_size(axis_name: str) -> int:
+    """Size of the manual mesh axis ``axis_name`` of the enclosing ``shard_map``.
+
+    Raises:
+      ValueError: not inside ``shard_map``, or no such manual axis.
+    """
+    return _manual_axes(axis_name)[1][axis_name]
 
 
 def _kernel_label(kernel: Any) -> str:

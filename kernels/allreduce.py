@@ -1,53 +1,74 @@
-"""All-reduce kernels."""
+"""Two-shot all-reduce: reduce-scatter, then all-gather of the reduced chunks, in one kernel.
+
+(The one-shot all-reduce is ``exchange.push_exchange_kernel`` with a reduction.)
+"""
 
 import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
+from jax_triton_dist.kernels.exchange import combine, epoch_half
 
 
 @triton.jit
-def one_shot_all_reduce_kernel(
+def two_shot_all_reduce_kernel(
     # Pointers
     x_ptr,  # [n] this rank's contribution
-    out_ptr,  # [n] the sum over ranks
-    buf_ptr,  # symmetric workspace [2, num_ranks, n]: every rank's block, by epoch parity
-    flag_ptr,  # symmetric workspace [2, num_ranks, num_programs] int32
+    out_ptr,  # [n] the reduction over ranks
+    rs_slots_ptr,  # symmetric workspace [2, num_ranks, chunk]: phase-1 receive slots
+    ag_slots_ptr,  # symmetric workspace [2, num_ranks, chunk]: phase-2 receive slots
+    flags_ptr,  # symmetric workspace [2, 2, num_ranks, num_programs] int32
     # Sizes
     n,
+    chunk,  # cdiv(n, num_ranks): rank r reduces elements [r * chunk, (r + 1) * chunk)
     # Meta-parameters
+    REDUCE: tl.constexpr,  # "sum", "max" or "min"
     BLOCK: tl.constexpr,
 ):
-    """Push all-reduce: program ``pid`` owns elements ``[pid * BLOCK, (pid + 1) * BLOCK)``.
+    """Program ``pid`` handles elements ``[pid * BLOCK, (pid + 1) * BLOCK)`` of every chunk.
 
-    Each rank pushes its block into slot ``rank`` of every rank, raises one flag per
-    (source, program) there, waits for all sources' flags, and sums in rank order (the
-    same order on every rank, so every rank gets bit-identical results). Accumulates in
-    float32 for floating types.
+    Each rank moves ``2 (num_ranks - 1) / num_ranks`` of the data instead of the one-shot
+    ``num_ranks - 1`` times: the method for large messages.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
-    slot = epoch % 2
+    rs_slots = epoch_half(rs_slots_ptr, epoch, world * chunk)
+    ag_slots = epoch_half(ag_slots_ptr, epoch, world * chunk)
+    flags = epoch_half(flags_ptr, epoch, 2 * world * num_programs)
+    rs_flags = flags
+    ag_flags = flags + world * num_programs
     offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    slot_buf = buf_ptr + slot * world * n
-    slot_flags = flag_ptr + slot * world * num_programs
+    in_chunk = offs < chunk
 
-    # ---- push this rank's block to every rank ----
-    x = tl.load(x_ptr + offs, mask=mask)
-    for peer in range(0, world):
-        tl.store(dl.symm_at(slot_buf + me * n + offs, peer), x, mask=mask)
-    for peer in range(0, world):
-        dl.notify(slot_flags + me * num_programs + pid, peer, epoch, "set", "sys")
+    # ---- phase 1: chunk `peer` of x goes to slot `me` of rank `peer` ----
+    for i in range(0, world):
+        peer = (me + i) % world
+        mask = in_chunk & (peer * chunk + offs < n)
+        values = tl.load(x_ptr + peer * chunk + offs, mask=mask)
+        tl.store(dl.symm_at(rs_slots + me * chunk + offs, peer), values, mask=mask)
+        dl.notify(rs_flags + me * num_programs + pid, peer, epoch, "set", "sys")
 
-    # ---- wait for every source's block, reduce in rank order ----
-    acc_dtype = tl.float32 if x.dtype.is_floating() else x.dtype
-    acc = tl.zeros([BLOCK], dtype=acc_dtype)
+    # ---- reduce my chunk in rank order ----
+    mine = in_chunk & (me * chunk + offs < n)
+    token = dl.wait(rs_flags + pid, 1, "sys", "acquire", epoch)
+    first = tl.load(dl.consume_token(rs_slots + offs, token), mask=mine)
+    acc = first.to(tl.float32) if first.dtype.is_floating() else first
+    for src in range(1, world):
+        token = dl.wait(rs_flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
+        values = tl.load(dl.consume_token(rs_slots + src * chunk + offs, token), mask=mine)
+        acc = combine(acc, values.to(acc.dtype), REDUCE)
+    reduced = acc.to(out_ptr.dtype.element_ty)
+
+    # ---- phase 2: my reduced chunk goes to slot `me` of every rank ----
+    for i in range(0, world):
+        peer = (me + i) % world
+        tl.store(dl.symm_at(ag_slots + me * chunk + offs, peer), reduced, mask=mine)
+        dl.notify(ag_flags + me * num_programs + pid, peer, epoch, "set", "sys")
     for src in range(0, world):
-        token = dl.wait(slot_flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
-        block = dl.consume_token(slot_buf + src * n + offs, token)
-        acc += tl.load(block, mask=mask)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        mask = in_chunk & (src * chunk + offs < n)
+        token = dl.wait(ag_flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
+        values = tl.load(dl.consume_token(ag_slots + src * chunk + offs, token), mask=mask)
+        tl.store(out_ptr + src * chunk + offs, values, mask=mask)

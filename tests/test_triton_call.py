@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 import jax_triton_dist as jtd
 import jax_triton_dist.language as dl
 from jax_triton_dist import shmem
-from jax_triton_dist.kernels.allreduce import one_shot_all_reduce_kernel
+from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.ring_exchange import ring_shift_kernel
 from jax_triton_dist.runtime import cpu_dispatch
 
@@ -61,11 +61,11 @@ def one_shot_all_reduce(x, axis_name, block=256):
     world = jax.lax.psum(1, axis_name)
     programs = triton.cdiv(n, block)
     return jtd.triton_call(
-        one_shot_all_reduce_kernel, x.reshape(-1), n=n,
+        push_exchange_kernel, x.reshape(-1), n=n,
         out_shape=jax.ShapeDtypeStruct((n,), x.dtype),
         workspace=[jtd.Workspace((2, world, n), x.dtype),
                    jtd.Workspace((2, world, programs), jnp.int32)],
-        grid=(programs,), axis_name=axis_name, BLOCK=block,
+        grid=(programs,), axis_name=axis_name, SEND_CHUNKS=False, REDUCE="sum", BLOCK=block,
     ).reshape(x.shape)
 
 

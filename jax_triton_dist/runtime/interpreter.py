@@ -77,11 +77,19 @@ def _grid_dim_set(self, value):
     _grid.dim = value
 
 
+_rewrite_lock = threading.Lock()
+
+
 def _rewrite(fn: Callable) -> Callable:
     rewritten = _rewritten.get(fn)
     if rewritten is None:
-        rewritten = _interp.FunctionRewriter(fn).rewrite_ast()
-        _rewritten[fn] = rewritten
+        # CPython's AST compiler is not thread-safe ("AST constructor recursion depth
+        # mismatch" when ranks rewrite the same kernel at once): one rewrite at a time.
+        with _rewrite_lock:
+            rewritten = _rewritten.get(fn)
+            if rewritten is None:
+                rewritten = _interp.FunctionRewriter(fn).rewrite_ast()
+                _rewritten[fn] = rewritten
     return rewritten
 
 

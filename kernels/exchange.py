@@ -1,0 +1,89 @@
+"""Push exchange: the kernel behind all_gather, reduce_scatter, all_to_all and the one-shot
+all-reduce.
+
+Every rank pushes a block to every rank's receive slots (``slots[src]`` on the receiver),
+raises one flag per (source, program) there, waits for every source's flag in its own
+heap, then either copies the received blocks out or reduces them.
+
+Workspaces are double-buffered by epoch parity, so flags never need a reset and a rank
+one call ahead never overwrites a slot that a slower rank still reads: finishing call
+e + 1 needs every peer's data of e + 1, which every peer pushes only after finishing e.
+"""
+
+import triton
+import triton.language as tl
+
+import jax_triton_dist.language as dl
+
+
+@triton.jit
+def epoch_half(ptr, epoch, half_size):
+    """``ptr`` advanced to this call's half of a double-buffered workspace."""
+    return ptr + (epoch % 2) * half_size
+
+
+@triton.jit
+def combine(acc, values, REDUCE: tl.constexpr):
+    """``acc (+|max|min) values`` for ``REDUCE`` = ``"sum"``, ``"max"``, ``"min"``."""
+    if REDUCE == "sum":
+        return acc + values
+    elif REDUCE == "max":
+        return tl.maximum(acc, values)
+    else:
+        return tl.minimum(acc, values)
+
+
+@triton.jit
+def push_exchange_kernel(
+    # Pointers
+    x_ptr,  # [num_ranks, n] if SEND_CHUNKS (row p goes to rank p), else [n] (sent to all)
+    out_ptr,  # [num_ranks, n] received blocks by source if REDUCE == "none", else [n]
+    slots_ptr,  # symmetric workspace [2, num_ranks, n]: receive slots by epoch parity
+    flags_ptr,  # symmetric workspace [2, num_ranks, num_programs] int32
+    # Sizes
+    n,
+    # Meta-parameters
+    SEND_CHUNKS: tl.constexpr,
+    REDUCE: tl.constexpr,  # "none", "sum", "max" or "min"
+    BLOCK: tl.constexpr,
+):
+    """Program ``pid`` moves elements ``[pid * BLOCK, (pid + 1) * BLOCK)`` of every block.
+
+    Reductions run in rank order in float32 (floating types) on every rank, so every rank
+    computes bit-identical results.
+    """
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    me = dl.rank()
+    world = dl.num_ranks()
+    epoch = dl.epoch()
+    slots = epoch_half(slots_ptr, epoch, world * n)
+    flags = epoch_half(flags_ptr, epoch, world * num_programs)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+
+    # ---- push: my block for `peer` into its slot `me`, then raise flag (me, pid) there ----
+    for i in range(0, world):
+        peer = (me + i) % world  # start with self, then walk the ring
+        if SEND_CHUNKS:
+            values = tl.load(x_ptr + peer * n + offs, mask=mask)
+        else:
+            values = tl.load(x_ptr + offs, mask=mask)
+        tl.store(dl.symm_at(slots + me * n + offs, peer), values, mask=mask)
+        dl.notify(flags + me * num_programs + pid, peer, epoch, "set", "sys")
+
+    # ---- receive: wait for each source's flag, then copy or reduce its block ----
+    if REDUCE == "none":
+        for src in range(0, world):
+            token = dl.wait(flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
+            block = dl.consume_token(slots + src * n + offs, token)
+            tl.store(out_ptr + src * n + offs, tl.load(block, mask=mask), mask=mask)
+    else:
+        token = dl.wait(flags + pid, 1, "sys", "acquire", epoch)
+        first = tl.load(dl.consume_token(slots + offs, token), mask=mask)
+        acc = first.to(tl.float32) if first.dtype.is_floating() else first
+        for src in range(1, world):
+            token = dl.wait(flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
+            values = tl.load(dl.consume_token(slots + src * n + offs, token), mask=mask)
+            acc = combine(acc, values.to(acc.dtype), REDUCE)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
