@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_triton_dist.runtime import call_site
+from jax_triton_dist.runtime import call_site, jax_compat
 
 __all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size"]
 
@@ -217,9 +217,14 @@ def triton_call(
     )
     call_id = call_site.register(site)
     coords = jnp.stack([jax.lax.axis_index(a) for a in axes]).astype(jnp.int32)
+    # Results vary over the kernel's axis and every axis an operand varies over; when
+    # shard_map checks varying axes, the coordinates vary over all of them.
+    checked = jax_compat.varying_axes(coords)
+    varying = frozenset().union({axis_name}, *map(jax_compat.varying_axes, operands)) & checked
+    result_types = jax_compat.result_types([(o.shape, o.dtype) for o in outputs], varying, coords)
     # Not marked as side-effecting: the results are the call's only effect (workspaces are
     # private to the call site), and side-effecting calls make JAX thread a runtime token
     # that re-raises a failed call's error at every later effects barrier.
-    call = jax.ffi.ffi_call(CPU_TARGET, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs])
+    call = jax.ffi.ffi_call(CPU_TARGET, result_types)
     results = call(coords, *operands, call_id=np.int64(call_id))
     return results[0] if single else tuple(results)
