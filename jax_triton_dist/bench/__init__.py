@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m jax_triton_dist.bench <suite>`` prints a table and writes JSON."""

@@ -1,0 +1,48 @@
+"""``python -m jax_triton_dist.bench collectives [--sizes ...] [--json PATH]``.
+
+Without a GPU the suite runs on 8 simulated CPU devices (Triton's interpreter): a smoke
+test of the benchmark, not a performance record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jax_triton_dist.bench")
+    sub = parser.add_subparsers(dest="suite", required=True)
+    coll = sub.add_parser("collectives", help="collectives vs jax.lax")
+    coll.add_argument("--sizes", type=int, nargs="+", default=None,
+                      help="message sizes in bytes (default: 1 KiB, 16 KiB, 256 KiB on CPU)")
+    coll.add_argument("--ranks", type=int, default=None, help="devices (default: all)")
+    coll.add_argument("--dtype", default="float32")
+    coll.add_argument("--iters", type=int, default=5)
+    coll.add_argument("--json", default="bench_collectives.json", help="output JSON path")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=8").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the CUDA backend is not in this build
+
+    import jax
+
+    from jax_triton_dist.bench import collectives, timing
+
+    ranks = args.ranks or jax.device_count()
+    sizes = args.sizes or [1 << 10, 16 << 10, 256 << 10]
+    print(f"collectives on {ranks} x {jax.devices()[0].device_kind} "
+          f"({jax.devices()[0].platform}), {args.dtype}, median of {args.iters}")
+    rows = collectives.run(sizes, ranks, args.dtype, args.iters)
+    timing.print_table(rows, collectives.COLUMNS)
+    timing.write_json(args.json, "collectives", rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Timing helpers shared by the benchmark suites."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def median_seconds(fn: Callable[[], Any], iters: int, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` (blocked until ready) over ``iters`` runs after warm-up."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def machine() -> dict[str, Any]:
+    """What ran the benchmark."""
+    device = jax.devices()[0]
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "device_count": jax.device_count(),
+        "host": platform.node(),
+        "processor": platform.processor() or platform.machine(),
+        "jax": jax.__version__,
+    }
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> None:
+    """Prints ``rows`` with ``columns`` = (key, header, format)."""
+    cells = [[format(row[key], fmt) for key, _, fmt in columns] for row in rows]
+    widths = [max(len(header), *(len(c[i]) for c in cells)) if cells else len(header)
+              for i, (_, header, _) in enumerate(columns)]
+    print("  ".join(h.rjust(w) for (_, h, _), w in zip(columns, widths, strict=True)))
+    for row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def write_json(path: str, suite: str, rows: list[dict[str, Any]]) -> None:
+    """Writes the results with the machine description."""
+    with open(path, "w") as f:
+        json.dump({"suite": suite, "machine": machine(), "results": rows}, f, indent=2)
+    print(f"wrote {path}")
