@@ -4,8 +4,8 @@ Each primitive is a Triton builtin with one implementation per backend family:
 
 * interpreter (CPU backend): reads the launch's :class:`RankContext` and
   operates on host memory through the SHMEM extension;
-* compiled (CUDA, Ascend): emits Triton IR. Not available in this build yet:
-  such a kernel fails at compile time with a message saying so.
+* compiled (CUDA): emits Triton IR through ``compiled.py`` (the rank context comes
+  from a small device library linked into the kernel).
 
 Everything else in ``jax_triton_dist.language`` is written in Triton on top of
 these, so a kernel has one source for every backend.
@@ -21,6 +21,7 @@ import triton.language as tl
 from triton.runtime import interpreter as _interp
 
 from jax_triton_dist import _shmem as _lib
+from jax_triton_dist.language import compiled as _compiled
 from jax_triton_dist.runtime.context import current
 
 __all__ = [
@@ -43,31 +44,25 @@ def _interpreting(semantic) -> bool:
 
 
 def _primitive(interpret: Callable) -> Callable:
-    """Makes a builtin whose interpreter implementation is ``interpret``."""
+    """Makes a builtin whose interpreter implementation is ``interpret``.
+
+    The decorated function is the compiled implementation; it receives ``_semantic`` and
+    ``_generator`` (the code generator) and plain Python values for constexprs.
+    """
 
     def decorator(compiled: Callable) -> Callable:
         @functools.wraps(compiled)
         def builtin(*args, _semantic=None, _generator=None, **kwargs):
+            args = [_unwrap(a) for a in args]
+            kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
             if _interpreting(_semantic):
-                return interpret(*[_unwrap(a) for a in args],
-                                 **{k: _unwrap(v) for k, v in kwargs.items()})
-            return compiled(*args, _semantic=_semantic, **kwargs)
+                return interpret(*args, **kwargs)
+            return compiled(*args, _semantic=_semantic, _generator=_generator, **kwargs)
 
         setattr(builtin, tl.core.TRITON_BUILTIN, True)
         return builtin
 
     return decorator
-
-
-def _not_compiled(name: str):
-    def compiled(*args, _semantic=None, **kwargs):
-        raise NotImplementedError(
-            f"dl.{name}: compiled (GPU/NPU) lowering is not available in this build; "
-            "distributed kernels currently run on the CPU backend (Triton interpreter)"
-        )
-
-    compiled.__name__ = name
-    return compiled
 
 
 # ---------------------------------------------------------------------------
@@ -131,31 +126,31 @@ def _translate(addresses: np.ndarray, peer, fn: str) -> np.ndarray:
 
 
 @_primitive(lambda: _scalar(current().rank, tl.int32))
-def rank(_semantic=None):
+def rank(_semantic=None, _generator=None):
     """This device's rank along the kernel's mesh axis (``int32``)."""
-    return _not_compiled("rank")(_semantic=_semantic)
+    return _compiled.rank(_semantic)
 
 
 @_primitive(lambda: _scalar(current().num_ranks, tl.int32))
-def num_ranks(_semantic=None):
+def num_ranks(_semantic=None, _generator=None):
     """Number of ranks along the kernel's mesh axis (``int32``)."""
-    return _not_compiled("num_ranks")(_semantic=_semantic)
+    return _compiled.num_ranks(_semantic)
 
 
 @_primitive(lambda: _scalar(current().epoch, tl.int32))
-def epoch(_semantic=None):
+def epoch(_semantic=None, _generator=None):
     """How many times this call site has run on this rank, this run included (from 1).
 
     Every rank sees the same sequence, so a kernel can write flags with the epoch as
     value and wait for ``>= epoch``: flags never need a reset between calls.
     """
-    return _not_compiled("epoch")(_semantic=_semantic)
+    return _compiled.epoch(_semantic)
 
 
 @_primitive(lambda: _scalar(current().barrier_area, tl.pointer_type(tl.uint64)))
-def barrier_area(_semantic=None):
+def barrier_area(_semantic=None, _generator=None):
     """This rank's ``num_ranks`` uint64 counters that ``barrier_all`` uses."""
-    return _not_compiled("barrier_area")(_semantic=_semantic)
+    return _compiled.barrier_area(_semantic)
 
 
 # ---------------------------------------------------------------------------
@@ -175,9 +170,9 @@ def _symm_at_interp(ptr, peer):
 
 
 @_primitive(_symm_at_interp)
-def symm_at(ptr, peer, _semantic=None):
+def symm_at(ptr, peer, _semantic=None, _generator=None):
     """Address on rank ``peer`` of the symmetric address ``ptr`` (scalar or block)."""
-    return _not_compiled("symm_at")(_semantic=_semantic)
+    return _compiled.symm_at(ptr, peer, _semantic)
 
 
 def _flag_addresses(flag_ptrs, n, fn: str) -> tuple[list[int], tl.dtype]:
@@ -215,7 +210,8 @@ def _wait_interp(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="
 
 
 @_primitive(_wait_interp)
-def wait(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="eq", _semantic=None):
+def wait(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="eq", _semantic=None,
+         _generator=None):
     """Spins until each of ``n`` flags compares true with ``value``; returns a token.
 
     Args:
@@ -230,7 +226,10 @@ def wait(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="eq", _se
     A wait that is not satisfied within the timeout (``JTD_WAIT_TIMEOUT``, default 60 s)
     fails with the rank, the flag index and address, the expected and the seen value.
     """
-    return _not_compiled("wait")(_semantic=_semantic)
+    for choice, choices, what in ((scope, _SCOPES, "scope"), (semantic, _SEMANTICS, "semantic"),
+                                  (cmp, _CMPS, "cmp")):
+        _check_choice(choice, choices, what, "wait")
+    return _compiled.wait(flag_ptrs, n, value, cmp, semantic, scope, _semantic, _generator)
 
 
 def _notify_interp(ptr, peer, signal=1, sig_op="set", scope="gpu"):
@@ -246,19 +245,24 @@ def _notify_interp(ptr, peer, signal=1, sig_op="set", scope="gpu"):
 
 
 @_primitive(_notify_interp)
-def notify(ptr, peer, signal=1, sig_op="set", scope="gpu", _semantic=None):
+def notify(ptr, peer, signal=1, sig_op="set", scope="gpu", _semantic=None, _generator=None):
     """Sets (``sig_op="set"``) or adds to (``"add"``) the flag ``ptr`` on rank ``peer``.
 
     The update has release semantics: writes made before it are visible to a rank that
     observes the flag with ``wait``.
     """
-    return _not_compiled("notify")(_semantic=_semantic)
+    _check_choice(sig_op, _SIG_OPS, "sig_op", "notify")
+    _check_choice(scope, _SCOPES, "scope", "notify")
+    return _compiled.notify(ptr, peer, signal, sig_op, scope, _semantic)
 
 
 @_primitive(lambda x, token: x)
-def consume_token(x, token, _semantic=None):
-    """Returns ``x``, ordered after the ``wait`` that produced ``token``."""
-    return _not_compiled("consume_token")(_semantic=_semantic)
+def consume_token(x, token, _semantic=None, _generator=None):
+    """Returns ``x``, ordered after the ``wait`` that produced ``token``.
+
+    (The wait's acquire loads and the barrier that ends it already order later loads.)
+    """
+    return x
 
 
 def _fence_interp(scope="gpu"):
@@ -267,9 +271,10 @@ def _fence_interp(scope="gpu"):
 
 
 @_primitive(_fence_interp)
-def fence(scope="gpu", _semantic=None):
+def fence(scope="gpu", _semantic=None, _generator=None):
     """Orders this program's earlier memory operations before its later ones."""
-    return _not_compiled("fence")(_semantic=_semantic)
+    _check_choice(scope, _SCOPES, "scope", "fence")
+    return _compiled.fence(scope, _semantic)
 
 
 # ---------------------------------------------------------------------------
@@ -303,10 +308,12 @@ def _extern_interp(lib_name, lib_path, symbol, args, ret_dtype, is_pure=True):
 
 
 @_primitive(_extern_interp)
-def extern_call(lib_name, lib_path, symbol, args, ret_dtype, is_pure=True, _semantic=None):
+def extern_call(lib_name, lib_path, symbol, args, ret_dtype, is_pure=True, _semantic=None,
+                _generator=None):
     """Calls ``symbol`` of the device library ``lib_name`` (at ``lib_path``).
 
     On compiled backends the library is linked into the kernel; in the interpreter
     the function registered with :func:`register_interpreter_extern` runs instead.
     """
-    return _not_compiled("extern_call")(_semantic=_semantic)
+    return _compiled.extern_call(lib_name, lib_path, symbol, args, ret_dtype, is_pure,
+                                 _semantic)

@@ -154,7 +154,8 @@ def _python_fn(kernel) -> Callable:
     return fn
 
 
-def _constexpr_names(fn: Callable) -> set[str]:
+def constexpr_names(fn: Callable) -> set[str]:
+    """Parameters of ``fn`` annotated ``tl.constexpr``."""
     names = set()
     for name, param in inspect.signature(fn).parameters.items():
         annotation = param.annotation
@@ -176,7 +177,7 @@ def launch(kernel, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, A
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
     bound = inspect.signature(fn).bind(*args, **kwargs)
     bound.apply_defaults()
-    constexprs = _constexpr_names(fn)
+    constexprs = constexpr_names(fn)
     call_args = {
         name: value if name in constexprs else _interp._implicit_cvt(value)
         for name, value in bound.arguments.items()

@@ -1,0 +1,153 @@
+"""Compiled (CUDA) lowering of the distributed primitives.
+
+The rank context comes from ``libjtd_device.ll``, linked into every kernel through
+Triton's ``extern_libs``; the runtime points the module global ``jtd_ctx`` of each loaded
+copy of a kernel at that rank's context. Waits spin on acquire loads with a
+``%globaltimer`` watchdog that prints the rank, the flag, the expected and the seen value
+and traps, so a lost signal fails the launch instead of hanging it.
+
+Used only by ``primitives.py`` (the builtins' compiled branch); not public API.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language import core
+
+LIB_NAME = "libjtd_device"
+LIB_PATH = os.path.join(os.path.dirname(__file__), "libjtd_device.ll")
+
+_SCOPE_PTX = {"cta": "cta", "gpu": "gpu", "sys": "sys"}
+
+
+def extern_libs() -> dict[str, str]:
+    """The ``extern_libs`` option every compiled distributed kernel needs."""
+    return {LIB_NAME: LIB_PATH}
+
+
+def _ctx_call(symbol: str, ret: tl.dtype, args: list, arg_types: tuple, _semantic):
+    return core.extern_elementwise(LIB_NAME, LIB_PATH, args, {arg_types: (symbol, ret)},
+                                   is_pure=True, _semantic=_semantic)
+
+
+def rank(_semantic):
+    return _ctx_call("jtd_rank", tl.int32, [], (), _semantic)
+
+
+def num_ranks(_semantic):
+    return _ctx_call("jtd_num_ranks", tl.int32, [], (), _semantic)
+
+
+def epoch(_semantic):
+    return _ctx_call("jtd_epoch", tl.int32, [], (), _semantic)
+
+
+def barrier_area(_semantic):
+    area = _ctx_call("jtd_barrier_area", tl.int64, [], (), _semantic)
+    return core.cast(area, tl.pointer_type(tl.uint64), _semantic=_semantic)
+
+
+def heap_base(peer, _semantic):
+    peer = core.cast(_semantic.to_tensor(peer), tl.int32, _semantic=_semantic)
+    return _ctx_call("jtd_heap_base", tl.int64, [peer], (tl.int32,), _semantic)
+
+
+def symm_at(ptr, peer, _semantic):
+    delta = _semantic.sub(heap_base(peer, _semantic), heap_base(rank(_semantic), _semantic),
+                          True)
+    address = core.cast(ptr, tl.int64, bitcast=True, _semantic=_semantic)
+    moved = _semantic.add(address, delta, True)
+    return core.cast(moved, ptr.dtype, bitcast=True, _semantic=_semantic)
+
+
+def notify(ptr, peer, signal, sig_op: str, scope: str, _semantic):
+    remote = symm_at(ptr, peer, _semantic)
+    value = core.cast(_semantic.to_tensor(signal), remote.dtype.element_ty, _semantic=_semantic)
+    update = core.atomic_xchg if sig_op == "set" else core.atomic_add
+    update(remote, value, sem="release", scope=_SCOPE_PTX[scope], _semantic=_semantic)
+
+
+def fence(scope: str, _semantic):
+    core.inline_asm_elementwise(f"fence.acq_rel.{_SCOPE_PTX[scope]}; mov.u32 $0, 0;", "=r", [],
+                                dtype=tl.int32, is_pure=False, pack=1, _semantic=_semantic)
+
+
+def extern_call(lib_name, lib_path, symbol, args, ret_dtype, is_pure, _semantic):
+    types = tuple(_semantic.to_tensor(a).dtype for a in args)
+    return core.extern_elementwise(lib_name, lib_path, list(args), {types: (symbol, ret_dtype)},
+                                   is_pure=is_pure, _semantic=_semantic)
+
+
+# ---------------------------------------------------------------------------
+# wait: a spin loop with a watchdog, written in Triton
+# ---------------------------------------------------------------------------
+
+
+@core.extern
+def _globaltimer(_semantic=None):
+    return core.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                       is_pure=False, pack=1, _semantic=_semantic)
+
+
+@core.extern
+def _trap(_semantic=None):
+    return core.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                       is_pure=False, pack=1, _semantic=_semantic)
+
+
+@core.extern
+def _timeout_ns(_semantic=None):
+    return _ctx_call("jtd_timeout_ns", tl.int64, [], (), _semantic)
+
+
+@core.extern
+def _rank(_semantic=None):
+    return rank(_semantic)
+
+
+@triton.jit
+def _fails(seen, value, CMP: tl.constexpr):
+    """Whether ``seen CMP value`` does not hold yet."""
+    if CMP == "eq":  # noqa: SIM116 - a Triton function: no dicts of tensors
+        return seen != value
+    elif CMP == "ne":
+        return seen == value
+    elif CMP == "gt":
+        return seen <= value
+    elif CMP == "ge":
+        return seen < value
+    elif CMP == "lt":
+        return seen >= value
+    else:
+        return seen > value
+
+
+@triton.jit
+def wait_loop(flag_ptr, n, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
+    """Spins until each of ``n`` consecutive flags from ``flag_ptr`` satisfies ``CMP value``."""
+    timeout = _timeout_ns()
+    target = tl.cast(value, flag_ptr.dtype.element_ty)
+    for i in range(0, n):
+        start = _globaltimer()
+        seen = tl.atomic_add(flag_ptr + i, 0, sem=SEM, scope=SCOPE)
+        while _fails(seen, target, CMP):
+            if _globaltimer() - start > timeout:
+                tl.device_print("jax_triton_dist dl.wait timed out: rank, flag, expected, seen",
+                                _rank(), i, target, seen)
+                _trap()
+            seen = tl.atomic_add(flag_ptr + i, 0, sem=SEM, scope=SCOPE)
+    tl.debug_barrier()
+    return 0
+
+
+def wait(flag_ptrs, n, value, cmp: str, semantic: str, scope: str, _semantic, _generator):
+    if flag_ptrs.type.is_block():
+        raise ValueError("dl.wait: compiled kernels take a scalar pointer to the first of n "
+                         "consecutive flags (a block of flag pointers is CPU-only)")
+    sem = "acquire" if semantic in ("acquire", "acq_rel") else "relaxed"
+    args = [flag_ptrs, n, value, tl.constexpr(cmp), tl.constexpr(sem),
+            tl.constexpr(_SCOPE_PTX[scope])]
+    return _generator.call_JitFunction(wait_loop, args, {})

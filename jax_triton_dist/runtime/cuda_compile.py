@@ -1,0 +1,76 @@
+"""Compiles distributed kernels for NVIDIA GPUs with stock Triton (no GPU needed).
+
+The result links ``libjtd_device.ll`` (the rank context) and exposes the module global
+``jtd_ctx`` that the CUDA runtime sets for each loaded copy.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import mangle_type
+
+from jax_triton_dist.language import compiled as _compiled
+from jax_triton_dist.runtime import interpreter
+
+__all__ = ["compile_kernel", "signature_of", "CTX_SYMBOL"]
+
+CTX_SYMBOL = "jtd_ctx"
+
+
+def signature_of(kernel: Any, positional: list[tuple[str, Any]],
+                 kwargs: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """Triton signature and constexprs of a launch.
+
+    Args:
+      kernel: the ``@triton.jit`` kernel.
+      positional: ``("pointer", dtype)`` or ``("scalar", value)`` per positional argument.
+      kwargs: keyword arguments; those annotated ``tl.constexpr`` become constexprs.
+    """
+    params = inspect.signature(kernel.fn).parameters
+    constexpr_names = interpreter.constexpr_names(kernel.fn)
+    signature, constexprs = {}, {}
+    values = dict(zip(params, positional, strict=False))
+    for name, param in params.items():
+        if name in values:
+            kind, value = values[name]
+            signature[name] = _pointer_sig(value) if kind == "pointer" else mangle_type(value)
+            continue
+        if name in kwargs:
+            value = kwargs[name]
+        elif param.default is not inspect.Parameter.empty:
+            value = param.default
+        else:
+            raise TypeError(f"kernel {kernel.fn.__name__}: no value for parameter {name}")
+        if name in constexpr_names:
+            signature[name] = "constexpr"
+            constexprs[name] = value
+        else:
+            signature[name] = mangle_type(value)
+    return signature, constexprs
+
+
+_TRITON_TYPES = {
+    "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
+    "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "i1",
+}
+
+
+def _pointer_sig(dtype: Any) -> str:
+    return "*" + _TRITON_TYPES[np.dtype(dtype).name]
+
+
+def compile_kernel(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any], *,
+                   capability: int = 90, num_warps: int = 4, num_stages: int = 3):
+    """``triton.compile`` for ``sm_<capability>`` with the device library linked."""
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    options = {"extern_libs": tuple(_compiled.extern_libs().items()), "num_warps": num_warps,
+               "num_stages": num_stages}
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
