@@ -104,7 +104,7 @@ def main():
           f"{np.abs(np.asarray(summed) - np.asarray(summed_ref)).max():.2e})")
     print(f"first call (trace + compile + run): {elapsed:.2f} s")
     hlo = f.lower(x).as_text()
-    print(f"custom calls in the HLO: {hlo.count('jtd_triton_cpu')}")
+    print(f"custom calls in the HLO: {hlo.count('jtd_triton')}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from jax_triton_dist.runtime import call_site, jax_compat
 
 __all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size"]
 
-CPU_TARGET = "jtd_triton_cpu"
+TARGET = "jtd_triton"
 
 SUPPORTED_DTYPES = frozenset(
     np.dtype(d) for d in (
@@ -225,6 +225,6 @@ def triton_call(
     # Not marked as side-effecting: the results are the call's only effect (workspaces are
     # private to the call site), and side-effecting calls make JAX thread a runtime token
     # that re-raises a failed call's error at every later effects barrier.
-    call = jax.ffi.ffi_call(CPU_TARGET, result_types)
+    call = jax.ffi.ffi_call(TARGET, result_types)
     results = call(coords, *operands, call_id=np.int64(call_id))
     return results[0] if single else tuple(results)

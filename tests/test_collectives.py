@@ -17,11 +17,11 @@ RANKS = [1, 2, 4, 8]
 
 
 def mesh_1d(ranks):
-    return Mesh(np.array(jax.devices()[:ranks]), ("x",))
+    return Mesh(np.array(jax.devices("cpu")[:ranks]), ("x",))
 
 
 def mesh_2x4():
-    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+    return Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("dp", "tp"))
 
 
 def run(fn, mesh, x, in_spec, out_spec):
@@ -311,7 +311,7 @@ def test_kernel_path_in_compiled_hlo(fn):
     x = jax.device_put(random((16, 4), jnp.float32, seed=0), NamedSharding(mesh, P("x")))
     f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     hlo = f.lower(x).compile().as_text()
-    assert "jtd_triton_cpu" in hlo
+    assert "jtd_triton" in hlo
     assert not any(op in hlo for op in XLA_COLLECTIVES)
 
 
@@ -321,7 +321,7 @@ def test_xla_method_is_the_jax_reference():
     f = jax.jit(jax.shard_map(lambda v: jtd.all_reduce(v, "x", method="xla"), mesh=mesh,
                               in_specs=P("x"), out_specs=P("x")))
     hlo = f.lower(x).compile().as_text()
-    assert "all-reduce" in hlo and "jtd_triton_cpu" not in hlo
+    assert "all-reduce" in hlo and "jtd_triton" not in hlo
 
 
 # ---------------------------------------------------------------------------

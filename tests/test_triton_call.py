@@ -20,7 +20,7 @@ from jax_triton_dist.runtime import cpu_dispatch
 
 
 def make_mesh(shape, names, order=None):
-    devices = np.array(jax.devices()[: int(np.prod(shape))])
+    devices = np.array(jax.devices("cpu")[: int(np.prod(shape))])
     if order is not None:
         devices = devices[np.asarray(order)]
     return Mesh(devices.reshape(shape), names)
@@ -166,7 +166,7 @@ def test_custom_call_is_in_the_lowered_hlo():
     mesh = make_mesh((4,), ("x",))
     x = put(random((4 * 8,), jnp.float32, seed=0), mesh, P("x"))
     text = sharded(lambda v: one_shot_all_reduce(v, "x"), mesh, P("x"), P("x")).lower(x).as_text()
-    assert "jtd_triton_cpu" in text
+    assert "jtd_triton" in text
     assert "all-reduce" not in text and "all_reduce" not in text
 
 

@@ -69,7 +69,7 @@ NB_MODULE(_ffi, m) {
   m.doc() = "XLA FFI handlers of jax_triton_dist (private; use jax_triton_dist.triton_call)";
   m.def("registrations", [] {
     nb::dict targets;
-    targets["jtd_triton_cpu"] = nb::capsule(reinterpret_cast<void*>(jtd::xla_ffi::kCpuDispatch));
+    targets["jtd_triton"] = nb::capsule(reinterpret_cast<void*>(jtd::xla_ffi::kCpuDispatch));
     return targets;
   });
   m.def(

@@ -1,7 +1,8 @@
 """``python -m jax_triton_dist.bench collectives [--sizes ...] [--json PATH]``.
 
 Without a GPU the suite runs on 8 simulated CPU devices (Triton's interpreter): a smoke
-test of the benchmark, not a performance record.
+test of the benchmark, not a performance record. With ``--platform gpu`` (or a GPU as
+JAX's default backend) it times the compiled kernels on the GPUs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     coll.add_argument("--ranks", type=int, default=None, help="devices (default: all)")
     coll.add_argument("--dtype", default="float32")
     coll.add_argument("--iters", type=int, default=5)
+    coll.add_argument("--platform", default=None, help="cpu, gpu (default: JAX's default)")
     coll.add_argument("--json", default="bench_collectives.json", help="output JSON path")
     return parser.parse_args(argv)
 
@@ -29,17 +31,20 @@ def main(argv: list[str] | None = None) -> None:
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_force_host_platform_device_count=8").strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the CUDA backend is not in this build
 
     import jax
 
     from jax_triton_dist.bench import collectives, timing
 
-    ranks = args.ranks or jax.device_count()
-    sizes = args.sizes or [1 << 10, 16 << 10, 256 << 10]
-    print(f"collectives on {ranks} x {jax.devices()[0].device_kind} "
-          f"({jax.devices()[0].platform}), {args.dtype}, median of {args.iters}")
-    rows = collectives.run(sizes, ranks, args.dtype, args.iters)
+    devices = jax.devices(args.platform)
+    ranks = args.ranks or len(devices)
+    default_sizes = [1 << 10, 16 << 10, 256 << 10]
+    if devices[0].platform != "cpu":
+        default_sizes = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
+    sizes = args.sizes or default_sizes
+    print(f"collectives on {ranks} x {devices[0].device_kind} ({devices[0].platform}), "
+          f"{args.dtype}, median of {args.iters}")
+    rows = collectives.run(sizes, ranks, args.dtype, args.iters, args.platform)
     timing.print_table(rows, collectives.COLUMNS)
     timing.write_json(args.json, "collectives", rows)
 

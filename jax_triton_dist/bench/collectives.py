@@ -39,9 +39,15 @@ OPS = {
 }
 
 
-def run(sizes: list[int], ranks: int, dtype: str, iters: int) -> list[dict[str, Any]]:
-    """Times every op at every message size (bytes, the full message) on ``ranks`` devices."""
-    mesh = Mesh(np.array(jax.devices()[:ranks]), ("x",))
+def run(sizes: list[int], ranks: int, dtype: str, iters: int,
+        platform: str | None = None) -> list[dict[str, Any]]:
+    """Times every op at every message size (bytes, the full message) on ``ranks`` devices
+    of ``platform`` (default: JAX's default backend)."""
+    devices = jax.devices(platform)
+    if ranks > len(devices):
+        raise ValueError(f"{ranks} ranks requested but only {len(devices)} "
+                         f"{devices[0].platform} devices exist")
+    mesh = Mesh(np.array(devices[:ranks]), ("x",))
     dt = jnp.dtype(dtype)
     rows = []
     for size in sizes:

@@ -10,25 +10,25 @@ later runs only count epochs, with no synchronisation between ranks.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from jax_triton_dist import _shmem as _lib
 from jax_triton_dist import shmem
 
 __all__ = ["ArraySpec", "CallSite", "TeamState", "find", "lookup", "register"]
 
-_ALIGN = 256
+ALIGN = 256
 
 
-def _aligned(nbytes: int) -> int:
-    return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to the region alignment."""
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +49,12 @@ class TeamState:
 
     pes: list[int | None]
     generation: int  # SHMEM generation the region belongs to
-    region: int = -1  # offset of the symmetric region in every heap
+    region: Any = None  # the backend's description of the team's symmetric region
     epochs: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
-        return self.region >= 0
+        return self.region is not None
 
 
 @dataclasses.dataclass
@@ -95,20 +95,24 @@ class CallSite:
 
     def region_layout(self) -> tuple[int, list[int], dict[int, tuple[int, int]], int]:
         """Offsets inside the region: barrier area, workspaces, staging slots; total size."""
-        cursor = _aligned(8 * self.num_ranks)
+        cursor = aligned(8 * self.num_ranks)
         workspace_offsets = []
         for spec in self.workspaces:
             workspace_offsets.append(cursor)
-            cursor += _aligned(spec.nbytes)
+            cursor += aligned(spec.nbytes)
         staging = {}
         for index in sorted(self.symmetric):
-            size = _aligned(self.inputs[index].nbytes)
+            size = aligned(self.inputs[index].nbytes)
             staging[index] = (cursor, cursor + size)
             cursor += 2 * size
         return 0, workspace_offsets, staging, cursor
 
-    def join(self, coords: tuple[int, ...], pe: int, timeout: float) -> tuple[int, TeamState]:
+    def join(self, coords: tuple[int, ...], pe: int, timeout: float,
+             allocate: Callable[[CallSite, TeamState], Any]) -> tuple[int, TeamState]:
         """Registers ``pe`` in its team; the first run waits for every rank of the team.
+
+        The last rank to arrive calls ``allocate(site, team)`` (with every rank's PE known)
+        and stores its result as ``team.region``.
 
         Returns:
           This PE's rank and the (ready) team state.
@@ -130,7 +134,7 @@ class CallSite:
                     "layouts; trace the function again for the new mesh"
                 )
             if not team.ready and all(p is not None for p in team.pes):
-                self._allocate(team)
+                team.region = allocate(self, team)
                 self.cond.notify_all()
             deadline = time.monotonic() + timeout
             while not team.ready:
@@ -143,20 +147,6 @@ class CallSite:
                     )
                 self.cond.wait(remaining)
         return rank, team
-
-    def _allocate(self, team: TeamState) -> None:
-        _, _, _, total = self.region_layout()
-        try:
-            offset = _lib.alloc(total, _ALIGN)
-        except shmem.ShmemError:
-            raise shmem.ShmemError(
-                f"kernel {self.label}: symmetric heap exhausted: its workspaces need {total} "
-                f"bytes per rank (heap {_lib.heap_size()} bytes, {_lib.allocated_bytes()} in use); "
-                f"raise {shmem.HEAP_SIZE_ENV}"
-            ) from None
-        for pe in team.pes:
-            ctypes.memset(_lib.heap_base(pe) + offset, 0, total)
-        team.region = offset
 
 
 _sites: dict[int, CallSite] = {}

@@ -12,13 +12,18 @@ _registered = False
 
 
 def register() -> None:
-    """Registers every FFI target of ``jax_triton_dist._ffi`` and the CPU dispatcher."""
+    """Registers the FFI targets (CPU; CUDA where the launcher was built) and their
+    Python dispatchers. Probes no device: libcuda is loaded on the first CUDA launch."""
     global _registered
     if _registered:
         return
-    from jax_triton_dist.runtime import cpu_dispatch
+    from jax_triton_dist.runtime import cpu_dispatch, cuda_dispatch
 
     for name, capsule in _ffi.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     _ffi.set_cpu_dispatcher(cpu_dispatch.dispatch)
+    if cuda_dispatch._cuda is not None:
+        for name, capsule in cuda_dispatch._cuda.registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        cuda_dispatch._cuda.set_planner(cuda_dispatch.plan)
     _registered = True

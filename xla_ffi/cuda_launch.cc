@@ -1,0 +1,376 @@
+// nanobind module `jax_triton_dist._cuda`: the XLA FFI handler that launches compiled
+// distributed Triton kernels on NVIDIA GPUs, and the few driver calls the Python
+// runtime needs to prepare a launch (module loading, device memory).
+//
+// libcuda is loaded at run time (dlopen), so the module imports on machines without a
+// GPU; every entry point then fails with a clear message.
+//
+// Per call the handler does no allocation and no synchronisation: it writes the call's
+// epoch into the rank context with a stream memory operation and launches the kernel on
+// XLA's stream. The first call of a (call site, device) asks the Python planner
+// (jax_triton_dist/runtime/cuda_dispatch.py) for a launch plan.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+using namespace nb::literals;
+
+namespace jtd::cuda {
+namespace {
+
+// ---------------------------------------------------------------------------
+// The driver API, loaded at run time
+// ---------------------------------------------------------------------------
+
+struct Driver {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
+  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
+  CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
+  CUresult (*cuDeviceCanAccessPeer)(int*, CUdevice, CUdevice);
+};
+
+std::string g_load_error;
+
+template <typename T>
+bool Resolve(void* lib, T*& fn, const char* name, const char* alt = nullptr) {
+  void* sym = dlsym(lib, name);
+  if (sym == nullptr && alt != nullptr) sym = dlsym(lib, alt);
+  fn = reinterpret_cast<T*>(sym);
+  if (sym == nullptr) g_load_error = std::string("libcuda has no ") + name;
+  return sym != nullptr;
+}
+
+const Driver* LoadDriver() {
+  static const Driver* driver = [] () -> const Driver* {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      g_load_error = "libcuda.so.1 not found (no NVIDIA driver on this machine)";
+      return nullptr;
+    }
+    auto* d = new Driver();
+    bool ok = Resolve(lib, d->cuInit, "cuInit") &&
+              Resolve(lib, d->cuGetErrorString, "cuGetErrorString") &&
+              Resolve(lib, d->cuDeviceGet, "cuDeviceGet") &&
+              Resolve(lib, d->cuDeviceGetCount, "cuDeviceGetCount") &&
+              Resolve(lib, d->cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") &&
+              Resolve(lib, d->cuCtxPushCurrent, "cuCtxPushCurrent_v2", "cuCtxPushCurrent") &&
+              Resolve(lib, d->cuCtxPopCurrent, "cuCtxPopCurrent_v2", "cuCtxPopCurrent") &&
+              Resolve(lib, d->cuModuleLoadData, "cuModuleLoadData") &&
+              Resolve(lib, d->cuModuleGetFunction, "cuModuleGetFunction") &&
+              Resolve(lib, d->cuModuleGetGlobal, "cuModuleGetGlobal_v2", "cuModuleGetGlobal") &&
+              Resolve(lib, d->cuFuncSetAttribute, "cuFuncSetAttribute") &&
+              Resolve(lib, d->cuMemAlloc, "cuMemAlloc_v2", "cuMemAlloc") &&
+              Resolve(lib, d->cuMemFree, "cuMemFree_v2", "cuMemFree") &&
+              Resolve(lib, d->cuMemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD") &&
+              Resolve(lib, d->cuMemcpyDtoH, "cuMemcpyDtoH_v2", "cuMemcpyDtoH") &&
+              Resolve(lib, d->cuMemsetD8, "cuMemsetD8_v2", "cuMemsetD8") &&
+              Resolve(lib, d->cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync") &&
+              Resolve(lib, d->cuStreamSynchronize, "cuStreamSynchronize") &&
+              Resolve(lib, d->cuStreamWriteValue32, "cuStreamWriteValue32_v2",
+                      "cuStreamWriteValue32") &&
+              Resolve(lib, d->cuLaunchKernel, "cuLaunchKernel") &&
+              Resolve(lib, d->cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess") &&
+              Resolve(lib, d->cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer");
+    if (!ok) return nullptr;
+    if (d->cuInit(0) != CUDA_SUCCESS) {
+      g_load_error = "cuInit failed (no usable NVIDIA GPU)";
+      return nullptr;
+    }
+    return d;
+  }();
+  return driver;
+}
+
+const Driver& D() {
+  const Driver* d = LoadDriver();
+  if (d == nullptr) throw std::runtime_error("jax_triton_dist CUDA backend: " + g_load_error);
+  return *d;
+}
+
+std::string ErrorText(CUresult r) {
+  const char* text = nullptr;
+  if (LoadDriver() != nullptr) D().cuGetErrorString(r, &text);
+  return text ? text : ("CUDA error " + std::to_string(static_cast<int>(r)));
+}
+
+void Check(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS) throw std::runtime_error(std::string(what) + ": " + ErrorText(r));
+}
+
+// Makes device `ordinal`'s primary context current for the scope.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    CUdevice dev;
+    Check(D().cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+    Check(D().cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
+    Check(D().cuCtxPushCurrent(ctx_), "cuCtxPushCurrent");
+  }
+  ~DeviceScope() {
+    CUcontext popped;
+    D().cuCtxPopCurrent(&popped);
+  }
+  CUcontext ctx() const { return ctx_; }
+
+ private:
+  CUcontext ctx_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+// Launch plans
+// ---------------------------------------------------------------------------
+
+// One kernel parameter: a buffer of the call (operand / result), or a fixed value.
+enum class ParamKind : int { kOperand = 0, kResult = 1, kValue = 2 };
+
+struct Param {
+  ParamKind kind;
+  int64_t index;   // operand or result index
+  uint64_t value;  // kValue: the bytes (little-endian, `size` of them)
+  int size;        // bytes of the parameter
+};
+
+struct Plan {
+  CUfunction function;
+  unsigned grid[3];
+  unsigned block;
+  unsigned shared;
+  std::vector<Param> params;
+  CUdeviceptr epoch_addr;
+  uint32_t epoch = 0;
+  std::mutex mu;  // one device runs one call site's launches in order; guards `epoch`
+};
+
+std::mutex g_plans_mu;
+std::map<std::pair<int64_t, int>, std::unique_ptr<Plan>> g_plans;
+nb::object* g_planner = nullptr;  // leaked: must outlive interpreter shutdown
+
+Plan* FindPlan(int64_t call_id, int device) {
+  std::lock_guard<std::mutex> lock(g_plans_mu);
+  auto it = g_plans.find({call_id, device});
+  return it == g_plans.end() ? nullptr : it->second.get();
+}
+
+ffi::Error Fail(const std::string& message) {
+  return ffi::Error(ffi::ErrorCode::kInternal, "jax_triton_dist (CUDA): " + message);
+}
+
+ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs args,
+                          ffi::RemainingRets rets, int64_t call_id) {
+  Plan* plan = FindPlan(call_id, device);
+  if (plan == nullptr) {
+    // First call of this call site on this device: the coordinates (operand 0) are
+    // needed on the host once, so wait for them; then plan in Python.
+    auto coords = args.get<ffi::AnyBuffer>(0);
+    if (!coords.has_value()) return coords.error();
+    try {
+      Check(D().cuStreamSynchronize(stream), "cuStreamSynchronize");
+      nb::gil_scoped_acquire gil;
+      if (g_planner == nullptr) return Fail("no CUDA planner is registered");
+      nb::object failure = (*g_planner)(
+          call_id, device, reinterpret_cast<uintptr_t>(coords->untyped_data()));
+      if (!failure.is_none()) return Fail(nb::cast<std::string>(failure));
+    } catch (const std::exception& e) {
+      return Fail(e.what());
+    }
+    plan = FindPlan(call_id, device);
+    if (plan == nullptr) return Fail("the planner registered no plan");
+  }
+
+  std::vector<uint64_t> storage(plan->params.size() + 2, 0);
+  std::vector<void*> pointers(plan->params.size() + 2);
+  for (size_t i = 0; i < plan->params.size(); ++i) {
+    const Param& p = plan->params[i];
+    if (p.kind == ParamKind::kOperand) {
+      auto buffer = args.get<ffi::AnyBuffer>(p.index);
+      if (!buffer.has_value()) return buffer.error();
+      storage[i] = reinterpret_cast<uint64_t>(buffer->untyped_data());
+    } else if (p.kind == ParamKind::kResult) {
+      auto buffer = rets.get<ffi::AnyBuffer>(p.index);
+      if (!buffer.has_value()) return buffer.error();
+      storage[i] = reinterpret_cast<uint64_t>((*buffer)->untyped_data());
+    } else {
+      storage[i] = p.value;
+    }
+    pointers[i] = &storage[i];
+  }
+  // Triton's trailing global and profile scratch pointers (unused: size 0).
+  pointers[plan->params.size()] = &storage[plan->params.size()];
+  pointers[plan->params.size() + 1] = &storage[plan->params.size() + 1];
+
+  std::lock_guard<std::mutex> lock(plan->mu);
+  CUresult r = D().cuStreamWriteValue32(stream, plan->epoch_addr, ++plan->epoch, 0);
+  if (r != CUDA_SUCCESS) return Fail("cuStreamWriteValue32: " + ErrorText(r));
+  r = D().cuLaunchKernel(plan->function, plan->grid[0], plan->grid[1], plan->grid[2],
+                         plan->block, 1, 1, plan->shared, stream, pointers.data(), nullptr);
+  if (r != CUDA_SUCCESS) return Fail("cuLaunchKernel: " + ErrorText(r));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCudaLaunch, CudaLaunchImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<CUstream>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()             // device
+                                  .RemainingArgs()                       // coords + inputs
+                                  .RemainingRets()                       // results
+                                  .Attr<int64_t>("call_id"));            // call site
+
+}  // namespace jtd::cuda
+
+NB_MODULE(_cuda, m) {
+  using namespace jtd::cuda;
+  m.doc() = "CUDA launcher of jax_triton_dist (private; used by runtime/cuda_dispatch.py)";
+
+  m.def("registrations", [] {
+    nb::dict targets;
+    targets["jtd_triton"] = nb::capsule(reinterpret_cast<void*>(kCudaLaunch));
+    return targets;
+  });
+  m.def("available", [] { return LoadDriver() != nullptr; });
+  m.def("unavailable_reason", [] {
+    LoadDriver();
+    return g_load_error;
+  });
+  m.def("set_planner", [](nb::object planner) {
+    if (g_planner == nullptr) g_planner = new nb::object();
+    *g_planner = std::move(planner);
+  });
+  m.def("device_count", [] {
+    int n = 0;
+    Check(D().cuDeviceGetCount(&n), "cuDeviceGetCount");
+    return n;
+  });
+  m.def(
+      "load_function",
+      [](int device, nb::bytes cubin, const std::string& name, int shared) {
+        DeviceScope scope(device);
+        CUmodule module;
+        Check(D().cuModuleLoadData(&module, cubin.c_str()), "cuModuleLoadData");
+        CUfunction function;
+        Check(D().cuModuleGetFunction(&function, module, name.c_str()), "cuModuleGetFunction");
+        if (shared > 48 * 1024) {
+          Check(D().cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                       shared),
+                "cuFuncSetAttribute");
+        }
+        return std::make_pair(reinterpret_cast<uintptr_t>(module),
+                              reinterpret_cast<uintptr_t>(function));
+      },
+      "device"_a, "cubin"_a, "name"_a, "shared"_a);
+  m.def(
+      "module_global",
+      [](int device, uintptr_t module, const std::string& name) {
+        DeviceScope scope(device);
+        CUdeviceptr addr;
+        size_t size;
+        Check(D().cuModuleGetGlobal(&addr, &size, reinterpret_cast<CUmodule>(module),
+                                    name.c_str()),
+              "cuModuleGetGlobal");
+        return std::make_pair(static_cast<uint64_t>(addr), size);
+      },
+      "device"_a, "module"_a, "name"_a);
+  m.def(
+      "alloc",
+      [](int device, size_t nbytes) {
+        DeviceScope scope(device);
+        CUdeviceptr addr;
+        Check(D().cuMemAlloc(&addr, nbytes), "cuMemAlloc");
+        Check(D().cuMemsetD8(addr, 0, nbytes), "cuMemsetD8");
+        return static_cast<uint64_t>(addr);
+      },
+      "device"_a, "nbytes"_a);
+  m.def(
+      "write",
+      [](int device, uint64_t addr, nb::bytes data) {
+        DeviceScope scope(device);
+        Check(D().cuMemcpyHtoD(addr, data.c_str(), data.size()), "cuMemcpyHtoD");
+      },
+      "device"_a, "addr"_a, "data"_a);
+  m.def(
+      "read",
+      [](int device, uint64_t addr, size_t nbytes) {
+        DeviceScope scope(device);
+        std::string out(nbytes, '\0');
+        Check(D().cuMemcpyDtoH(out.data(), addr, nbytes), "cuMemcpyDtoH");
+        return nb::bytes(out.data(), out.size());
+      },
+      "device"_a, "addr"_a, "nbytes"_a);
+  m.def(
+      "enable_peer_access",
+      [](int device, int peer) {
+        CUdevice dev, peer_dev;
+        Check(D().cuDeviceGet(&dev, device), "cuDeviceGet");
+        Check(D().cuDeviceGet(&peer_dev, peer), "cuDeviceGet");
+        int can = 0;
+        Check(D().cuDeviceCanAccessPeer(&can, dev, peer_dev), "cuDeviceCanAccessPeer");
+        if (!can) {
+          throw std::runtime_error("GPU " + std::to_string(device) + " cannot access GPU " +
+                                   std::to_string(peer) + " (no peer access)");
+        }
+        DeviceScope peer_scope(peer);
+        CUcontext peer_ctx = peer_scope.ctx();
+        DeviceScope scope(device);
+        CUresult r = D().cuCtxEnablePeerAccess(peer_ctx, 0);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+          Check(r, "cuCtxEnablePeerAccess");
+        }
+      },
+      "device"_a, "peer"_a);
+  m.def(
+      "set_plan",
+      [](int64_t call_id, int device, uintptr_t function, std::vector<unsigned> grid,
+         unsigned block, unsigned shared,
+         std::vector<std::tuple<int, int64_t, uint64_t, int>> params, uint64_t epoch_addr) {
+        auto plan = std::make_unique<Plan>();
+        plan->function = reinterpret_cast<CUfunction>(function);
+        for (int i = 0; i < 3; ++i) plan->grid[i] = i < static_cast<int>(grid.size()) ? grid[i] : 1;
+        plan->block = block;
+        plan->shared = shared;
+        for (const auto& [kind, index, value, size] : params) {
+          plan->params.push_back({static_cast<ParamKind>(kind), index, value, size});
+        }
+        plan->epoch_addr = epoch_addr;
+        std::lock_guard<std::mutex> lock(g_plans_mu);
+        g_plans[{call_id, device}] = std::move(plan);
+      },
+      "call_id"_a, "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "params"_a,
+      "epoch_addr"_a);
+}
