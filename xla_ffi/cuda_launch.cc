@@ -62,6 +62,8 @@ struct Driver {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
+  CUresult (*cuStreamCreate)(CUstream*, unsigned);
+  CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuDeviceCanAccessPeer)(int*, CUdevice, CUdevice);
 };
 
@@ -106,7 +108,9 @@ const Driver* LoadDriver() {
                       "cuStreamWriteValue32") &&
               Resolve(lib, d->cuLaunchKernel, "cuLaunchKernel") &&
               Resolve(lib, d->cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess") &&
-              Resolve(lib, d->cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer");
+              Resolve(lib, d->cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer") &&
+              Resolve(lib, d->cuStreamCreate, "cuStreamCreate") &&
+              Resolve(lib, d->cuStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy");
     if (!ok) return nullptr;
     if (d->cuInit(0) != CUDA_SUCCESS) {
       g_load_error = "cuInit failed (no usable NVIDIA GPU)";
@@ -354,6 +358,52 @@ NB_MODULE(_cuda, m) {
         }
       },
       "device"_a, "peer"_a);
+  // Direct launches, for running several ranks on one GPU (jax_triton_dist/one_gpu.py).
+  m.def(
+      "stream_create",
+      [](int device) {
+        DeviceScope scope(device);
+        CUstream stream;
+        Check(D().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        return reinterpret_cast<uintptr_t>(stream);
+      },
+      "device"_a);
+  m.def(
+      "stream_synchronize",
+      [](int device, uintptr_t stream) {
+        DeviceScope scope(device);
+        nb::gil_scoped_release release;
+        Check(D().cuStreamSynchronize(reinterpret_cast<CUstream>(stream)),
+              "cuStreamSynchronize");
+      },
+      "device"_a, "stream"_a);
+  m.def(
+      "free",
+      [](int device, uint64_t addr) {
+        DeviceScope scope(device);
+        Check(D().cuMemFree(addr), "cuMemFree");
+      },
+      "device"_a, "addr"_a);
+  m.def(
+      "launch",
+      [](int device, uintptr_t function, std::vector<unsigned> grid, unsigned block,
+         unsigned shared, std::vector<uint64_t> values, uintptr_t stream) {
+        DeviceScope scope(device);
+        // Each kernel parameter is passed from 8 bytes of storage (little-endian), then
+        // Triton's two scratch pointers.
+        std::vector<uint64_t> storage(values);
+        storage.push_back(0);
+        storage.push_back(0);
+        std::vector<void*> pointers;
+        for (auto& v : storage) pointers.push_back(&v);
+        unsigned g[3] = {1, 1, 1};
+        for (size_t i = 0; i < grid.size() && i < 3; ++i) g[i] = grid[i];
+        Check(D().cuLaunchKernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2], block,
+                                 1, 1, shared, reinterpret_cast<CUstream>(stream),
+                                 pointers.data(), nullptr),
+              "cuLaunchKernel");
+      },
+      "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "values"_a, "stream"_a);
   m.def(
       "set_plan",
       [](int64_t call_id, int device, uintptr_t function, std::vector<unsigned> grid,

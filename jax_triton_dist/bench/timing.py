@@ -13,15 +13,23 @@ from typing import Any
 import jax
 
 
-def median_seconds(fn: Callable[[], Any], iters: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` (blocked until ready) over ``iters`` runs after warm-up."""
+def median_seconds(fn: Callable[[], Any], iters: int, reps: int = 1, warmup: int = 2) -> float:
+    """Median time per call of ``fn()``.
+
+    Each of ``iters`` samples dispatches ``reps`` calls back to back and blocks once, so
+    with ``reps > 1`` the host's dispatch overlaps the device's work (steady-state time
+    per call) instead of adding to it.
+    """
     for _ in range(warmup):
         jax.block_until_ready(fn())
     samples = []
     for _ in range(iters):
         start = time.perf_counter()
-        jax.block_until_ready(fn())
-        samples.append(time.perf_counter() - start)
+        out = None
+        for _ in range(reps):
+            out = fn()
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / reps)
     return statistics.median(samples)
 
 

@@ -24,33 +24,32 @@ try:  # built only where the CUDA headers were found
 except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
-__all__ = ["plan"]
+__all__ = ["plan", "regions", "compile_site", "launch_params", "OPERAND", "RESULT", "VALUE"]
 
 _CTX_HEADER = struct.Struct("<iiiiqq")  # rank, num_ranks, epoch, reserved, barrier, timeout
 _SCALAR_FORMATS = {"i1": "<?", "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q", "u8": "<B",
                    "u16": "<H", "u32": "<I", "u64": "<Q", "fp32": "<f", "fp64": "<d"}
-_OPERAND, _RESULT, _VALUE = 0, 1, 2
+OPERAND, RESULT, VALUE = 0, 1, 2
 
 _compile_lock = threading.Lock()
 _compiled: dict[int, Any] = {}
 
 
-def _regions(site: call_site.CallSite, team: call_site.TeamState) -> dict[int, tuple[int, int]]:
-    """Allocates every member's region and context; returns ``{device: (region, ctx)}``."""
+def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[int, int]]:
+    """Allocates every member's region and context; returns ``(region, ctx)`` per rank."""
     _, _, _, total = site.region_layout()
     ctx_offset = call_site.aligned(total)
     ctx_size = _CTX_HEADER.size + 8 * site.num_ranks
     devices = list(team.pes)
-    for device in devices:
-        for peer in devices:
-            if peer != device:
-                _cuda.enable_peer_access(device, peer)
+    for device in set(devices):
+        for peer in set(devices) - {device}:
+            _cuda.enable_peer_access(device, peer)
     bases = [_cuda.alloc(device, ctx_offset + ctx_size) for device in devices]
     timeout_ns = int(shmem.wait_timeout() * 1e9)
     for rank, (device, base) in enumerate(zip(devices, bases, strict=True)):
         header = _CTX_HEADER.pack(rank, site.num_ranks, 0, 0, base, timeout_ns)
         _cuda.write(device, base + ctx_offset, header + struct.pack(f"<{len(bases)}Q", *bases))
-    return {device: (base, base + ctx_offset) for device, base in zip(devices, bases, strict=True)}
+    return [(base, base + ctx_offset) for base in bases]
 
 
 def _positional(site: call_site.CallSite) -> list[tuple[str, Any]]:
@@ -61,7 +60,8 @@ def _positional(site: call_site.CallSite) -> list[tuple[str, Any]]:
     return [kinds[kind](value) for kind, value in site.params]
 
 
-def _compile(call_id: int, site: call_site.CallSite):
+def compile_site(call_id: int, site: call_site.CallSite):
+    """Triton signature and compiled kernel of a call site (compiled once)."""
     with _compile_lock:
         if call_id not in _compiled:
             signature, constexprs = cuda_compile.signature_of(
@@ -76,11 +76,12 @@ def _value(type_name: str, value: Any) -> tuple[int, int, int, int]:
     if fmt is None:
         raise TypeError(f"unsupported scalar kernel argument type {type_name}")
     raw = struct.pack(fmt, value)
-    return (_VALUE, 0, int.from_bytes(raw.ljust(8, b"\0"), "little"), len(raw))
+    return (VALUE, 0, int.from_bytes(raw.ljust(8, b"\0"), "little"), len(raw))
 
 
-def _params(site: call_site.CallSite, signature: dict[str, str],
-            region: int) -> list[tuple[int, int, int, int]]:
+def launch_params(site: call_site.CallSite, signature: dict[str, str],
+                  region: int) -> list[tuple[int, int, int, int]]:
+    """``(kind, index, value, size)`` per kernel parameter: an operand, a result, a value."""
     _, workspace_offsets, _, _ = site.region_layout()
     positional = dict(zip(signature, site.params, strict=False))
     params = []
@@ -89,11 +90,11 @@ def _params(site: call_site.CallSite, signature: dict[str, str],
             continue
         kind, value = positional.get(name, ("keyword", site.kwargs.get(name)))
         if kind == "array":
-            params.append((_OPERAND, value + 1, 0, 8))  # operand 0 holds the coordinates
+            params.append((OPERAND, value + 1, 0, 8))  # operand 0 holds the coordinates
         elif kind == "output":
-            params.append((_RESULT, value, 0, 8))
+            params.append((RESULT, value, 0, 8))
         elif kind == "workspace":
-            params.append((_VALUE, 0, region + workspace_offsets[value], 8))
+            params.append((VALUE, 0, region + workspace_offsets[value], 8))
         else:
             params.append(_value(type_name, value))
     return params
@@ -108,16 +109,16 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
         )
     raw = _cuda.read(device, coords_addr, 4 * len(site.mesh_axes))
     coords = tuple(int(c) for c in np.frombuffer(raw, np.int32))
-    _, team = site.join(coords, device, shmem.wait_timeout(), _regions)
-    region, ctx = team.region[device]
-    signature, kernel = _compile(call_id, site)
+    rank, team = site.join(coords, device, shmem.wait_timeout(), regions)
+    region, ctx = team.region[rank]
+    signature, kernel = compile_site(call_id, site)
     module, function = _cuda.load_function(device, kernel.asm["cubin"], kernel.metadata.name,
                                            kernel.metadata.shared)
     address, _ = _cuda.module_global(device, module, cuda_compile.CTX_SYMBOL)
     _cuda.write(device, address, struct.pack("<Q", ctx))
     grid = list(site.grid) + [1] * (3 - len(site.grid))
     _cuda.set_plan(call_id, device, function, grid, 32 * kernel.metadata.num_warps,
-                   kernel.metadata.shared, _params(site, signature, region), ctx + 8)
+                   kernel.metadata.shared, launch_params(site, signature, region), ctx + 8)
 
 
 def plan(call_id: int, device: int, coords_addr: int) -> str | None:

@@ -1,0 +1,123 @@
+"""Runs the ranks of a distributed kernel concurrently on one GPU.
+
+Each rank gets its own symmetric region, its own copy of the kernel module (its
+``jtd_ctx`` points at its own rank context) and its own stream; the ranks' launches
+overlap on the GPU and exchange data and flags through its memory exactly as they would
+across GPUs. This tests the CUDA memory ordering of distributed kernels (release/acquire
+signals, waits, double buffering across calls) where only one GPU is available.
+
+The ranks' programs must all be resident at once (``world * num_programs`` no more than
+the GPU's multiprocessors), or their spin waits cannot make progress; the waits'
+watchdog then traps instead of hanging.
+
+Example::
+
+    outs = one_gpu.run_ranks(push_exchange_kernel, world=4,
+                             inputs=lambda call, rank: [x[call, rank]],
+                             outputs=[((n,), np.float32)],
+                             workspaces=[((2, 4, n), np.float32), ((2, 4, 1), np.int32)],
+                             grid=(1,), kwargs=dict(n=n, SEND_CHUNKS=False, REDUCE="sum",
+                                                    BLOCK=1024), calls=10)
+    # outs[call][rank][output] are NumPy arrays
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from jax_triton_dist.runtime import call_site, cuda_compile, cuda_dispatch
+
+__all__ = ["run_ranks"]
+
+_ids = itertools.count(-1, -1)  # negative: never clash with traced call sites
+
+
+def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs) -> call_site.CallSite:
+    def spec(shape, dtype):
+        return call_site.ArraySpec(tuple(shape), np.dtype(dtype))
+
+    params = [("array", i) for i in range(len(inputs))]
+    params += [("output", i) for i in range(len(outputs))]
+    params += [("workspace", i) for i in range(len(workspaces))]
+    return call_site.CallSite(
+        kernel=kernel, label=kernel.fn.__name__, grid=tuple(grid), mesh_axes=("x",), axis=0,
+        num_ranks=world, params=params, inputs=[spec(a.shape, a.dtype) for a in inputs],
+        symmetric=frozenset(), outputs=[spec(*o) for o in outputs],
+        workspaces=[spec(*w) for w in workspaces], kwargs=dict(kwargs))
+
+
+def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],
+              outputs: Sequence[tuple[tuple[int, ...], Any]],
+              workspaces: Sequence[tuple[tuple[int, ...], Any]], grid: Sequence[int],
+              kwargs: dict[str, Any], calls: int = 1, device: int = 0) -> list:
+    """Runs ``calls`` consecutive calls of ``kernel`` on ``world`` ranks of GPU ``device``.
+
+    Args:
+      kernel: a ``@triton.jit`` distributed kernel.
+      world: number of ranks.
+      inputs: ``inputs(call, rank)`` returns that rank's input arrays for that call.
+      outputs: ``(shape, dtype)`` of each per-rank result.
+      workspaces: ``(shape, dtype)`` of each per-rank symmetric workspace.
+      grid: programs per rank.
+      kwargs: the kernel's keyword arguments (constexprs, scalars).
+      calls: consecutive calls; workspaces persist and epochs advance as under JAX.
+      device: the GPU.
+
+    Returns:
+      ``results[call][rank][output]`` as NumPy arrays.
+    """
+    _cuda = cuda_dispatch._cuda
+    if _cuda is None or not _cuda.available():
+        raise RuntimeError("one_gpu.run_ranks needs the CUDA launcher and a GPU")
+    first = [np.ascontiguousarray(a) for a in inputs(0, 0)]
+    site = _site(kernel, world, first, outputs, workspaces, grid, kwargs)
+    team = call_site.TeamState(pes=[device] * world, generation=0)
+    contexts = cuda_dispatch.regions(site, team)
+    signature, compiled = cuda_dispatch.compile_site(next(_ids), site)
+    block = 32 * compiled.metadata.num_warps
+    functions, streams = [], []
+    for _, ctx in contexts:
+        module, function = _cuda.load_function(device, compiled.asm["cubin"],
+                                               compiled.metadata.name, compiled.metadata.shared)
+        address, _ = _cuda.module_global(device, module, cuda_compile.CTX_SYMBOL)
+        _cuda.write(device, address, struct.pack("<Q", ctx))
+        functions.append(function)
+        streams.append(_cuda.stream_create(device))
+    in_bufs = [[_cuda.alloc(device, max(a.nbytes, 1)) for a in first] for _ in range(world)]
+    out_bufs = [[_cuda.alloc(device, max(site.outputs[i].nbytes, 1))
+                 for i in range(len(outputs))] for _ in range(world)]
+    try:
+        results = []
+        for call in range(calls):
+            for rank in range(world):
+                for buf, array in zip(in_bufs[rank], inputs(call, rank), strict=True):
+                    _cuda.write(device, buf, np.ascontiguousarray(array).tobytes())
+                _cuda.write(device, contexts[rank][1] + 8, struct.pack("<i", call + 1))
+            # Launch in a rotating order so that a different rank starts first each call.
+            for rank in [(call + i) % world for i in range(world)]:
+                values = []
+                for kind, index, value, _ in cuda_dispatch.launch_params(
+                        site, signature, contexts[rank][0]):
+                    if kind == cuda_dispatch.OPERAND:
+                        values.append(in_bufs[rank][index - 1])
+                    elif kind == cuda_dispatch.RESULT:
+                        values.append(out_bufs[rank][index])
+                    else:
+                        values.append(value)
+                _cuda.launch(device, functions[rank], list(grid), block,
+                             compiled.metadata.shared, values, streams[rank])
+            for stream in streams:
+                _cuda.stream_synchronize(device, stream)
+            results.append([
+                [np.frombuffer(_cuda.read(device, buf, spec.nbytes), spec.dtype).reshape(spec.shape)
+                 for buf, spec in zip(out_bufs[rank], site.outputs, strict=True)]
+                for rank in range(world)])
+        return results
+    finally:
+        for buf in itertools.chain(*in_bufs, *out_bufs, (base for base, _ in contexts)):
+            _cuda.free(device, buf)

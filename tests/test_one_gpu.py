@@ -1,0 +1,112 @@
+"""Several ranks of each distributed kernel on one GPU: CUDA memory ordering under real
+concurrency (skipped without a GPU)."""
+
+import numpy as np
+import pytest
+import triton
+import triton.language as tl
+
+import jax_triton_dist.language as dl
+from jax_triton_dist import one_gpu
+from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
+from jax_triton_dist.kernels.exchange import push_exchange_kernel
+from jax_triton_dist.kernels.ring_exchange import ring_shift_kernel
+from jax_triton_dist.runtime import cuda_dispatch
+
+
+def _have_gpu():
+    return cuda_dispatch._cuda is not None and cuda_dispatch._cuda.available()
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _have_gpu(), reason="needs a GPU")]
+
+CALLS = 20
+
+
+def data(shape, world, seed, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((CALLS, world) + shape).astype(dtype)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_one_shot_all_reduce(world, reduce):
+    n = 4000
+    x = data((n,), world, seed=world)
+    out = one_gpu.run_ranks(
+        push_exchange_kernel, world, lambda c, r: [x[c, r]], [((n,), np.float32)],
+        [((2, world, n), np.float32), ((2, world, 4), np.int32)], grid=(4,),
+        kwargs={"n": n, "SEND_CHUNKS": False, "REDUCE": reduce, "BLOCK": 1024}, calls=CALLS)
+    for c in range(CALLS):
+        ref = x[c].sum(0) if reduce == "sum" else x[c].max(0)
+        for r in range(world):
+            np.testing.assert_allclose(out[c][r][0], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_all_to_all_and_all_gather(world):
+    n = 1500
+    x = data((world, n), world, seed=7)
+    a2a = one_gpu.run_ranks(
+        push_exchange_kernel, world, lambda c, r: [x[c, r]], [((world, n), np.float32)],
+        [((2, world, n), np.float32), ((2, world, 2), np.int32)], grid=(2,),
+        kwargs={"n": n, "SEND_CHUNKS": True, "REDUCE": "none", "BLOCK": 1024}, calls=CALLS)
+    gathered = one_gpu.run_ranks(
+        push_exchange_kernel, world, lambda c, r: [x[c, r, 0]], [((world, n), np.float32)],
+        [((2, world, n), np.float32), ((2, world, 2), np.int32)], grid=(2,),
+        kwargs={"n": n, "SEND_CHUNKS": False, "REDUCE": "none", "BLOCK": 1024}, calls=CALLS)
+    for c in range(CALLS):
+        for r in range(world):
+            np.testing.assert_array_equal(a2a[c][r][0], x[c, :, r])
+            np.testing.assert_array_equal(gathered[c][r][0], x[c, :, 0])
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_two_shot_all_reduce(world):
+    n = 3001
+    chunk = triton.cdiv(n, world)
+    programs = triton.cdiv(chunk, 512)
+    x = data((n,), world, seed=11)
+    out = one_gpu.run_ranks(
+        two_shot_all_reduce_kernel, world, lambda c, r: [x[c, r]], [((n,), np.float32)],
+        [((2, world, chunk), np.float32), ((2, world, chunk), np.float32),
+         ((2, 2, world, programs), np.int32)], grid=(programs,),
+        kwargs={"n": n, "chunk": chunk, "REDUCE": "sum", "BLOCK": 512}, calls=CALLS)
+    for c in range(CALLS):
+        for r in range(world):
+            np.testing.assert_allclose(out[c][r][0], x[c].sum(0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_ring_exchange(world):
+    n = 10000
+    x = data((n,), world, seed=3)
+    out = one_gpu.run_ranks(
+        ring_shift_kernel, world, lambda c, r: [x[c, r]], [((n,), np.float32)],
+        [((2, n), np.float32), ((2,), np.int32)], grid=(1,), kwargs={"n": n, "BLOCK": 1024},
+        calls=CALLS)
+    for c in range(CALLS):
+        for r in range(world):
+            np.testing.assert_array_equal(out[c][r][0], x[c, (r - 1) % world])
+
+
+@triton.jit
+def put_signal_barrier_kernel(x_ptr, out_ptr, buf_ptr, sig_ptr, n, BLOCK: tl.constexpr):
+    me = dl.my_pe()
+    dl.putmem_signal(buf_ptr, x_ptr, n, sig_ptr, 1, "add", (me + 1) % dl.n_pes(), BLOCK)
+    dl.signal_wait_until(sig_ptr, "ge", dl.epoch())
+    dl.getmem(out_ptr, buf_ptr, n, me, BLOCK)
+    dl.barrier_all()
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_putmem_signal_and_barrier(world):
+    n = 2048
+    x = data((n,), world, seed=5)
+    out = one_gpu.run_ranks(
+        put_signal_barrier_kernel, world, lambda c, r: [x[c, r]], [((n,), np.float32)],
+        [((n,), np.float32), ((1,), np.uint64)], grid=(1,), kwargs={"n": n, "BLOCK": 512},
+        calls=CALLS)
+    for c in range(CALLS):
+        for r in range(world):
+            np.testing.assert_array_equal(out[c][r][0], x[c, (r - 1) % world])
