@@ -1,9 +1,10 @@
 """Push exchange: the kernel behind all_gather, reduce_scatter, all_to_all and the one-shot
 all-reduce.
 
-Every rank pushes a block to every rank's receive slots (``slots[src]`` on the receiver),
-raises one flag per (source, program) there, waits for every source's flag in its own
-heap, then either copies the received blocks out or reduces them.
+Every rank pushes a block to every other rank's receive slots (``slots[src]`` on the
+receiver), raises one flag per (source, program) there, waits for every source's flag in
+its own heap, then either copies the received blocks out or reduces them. A rank's own
+block goes straight from its input to its output, never through a slot.
 
 Workspaces are double-buffered by epoch parity, so flags never need a reset and a rank
 one call ahead never overwrites a slot that a slower rank still reads: finishing call
@@ -62,9 +63,11 @@ def push_exchange_kernel(
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
 
+    own_ptr = x_ptr + me * n if SEND_CHUNKS else x_ptr  # the block I keep
+
     # ---- push: my block for `peer` into its slot `me`, then raise flag (me, pid) there ----
-    for i in range(0, world):
-        peer = (me + i) % world  # start with self, then walk the ring
+    for i in range(1, world):
+        peer = (me + i) % world  # walk the ring from my successor
         if SEND_CHUNKS:
             values = tl.load(x_ptr + peer * n + offs, mask=mask)
         else:
@@ -72,18 +75,24 @@ def push_exchange_kernel(
         tl.store(dl.symm_at(slots + me * n + offs, peer), values, mask=mask)
         dl.notify(flags + me * num_programs + pid, peer, epoch, "set", "sys")
 
-    # ---- receive: wait for each source's flag, then copy or reduce its block ----
+    # ---- receive: my own block directly, the others after their flags ----
+    own = tl.load(own_ptr + offs, mask=mask)
     if REDUCE == "none":
-        for src in range(0, world):
+        tl.store(out_ptr + me * n + offs, own, mask=mask)
+        for i in range(1, world):
+            src = (me + world - i) % world
             token = dl.wait(flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
             block = dl.consume_token(slots + src * n + offs, token)
             tl.store(out_ptr + src * n + offs, tl.load(block, mask=mask), mask=mask)
     else:
-        token = dl.wait(flags + pid, 1, "sys", "acquire", epoch)
-        first = tl.load(dl.consume_token(slots + offs, token), mask=mask)
-        acc = first.to(tl.float32) if first.dtype.is_floating() else first
-        for src in range(1, world):
-            token = dl.wait(flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
-            values = tl.load(dl.consume_token(slots + src * n + offs, token), mask=mask)
-            acc = combine(acc, values.to(acc.dtype), REDUCE)
+        acc_dtype = tl.float32 if own.dtype.is_floating() else own.dtype
+        acc = tl.zeros([BLOCK], dtype=acc_dtype) if REDUCE == "sum" else own.to(acc_dtype)
+        for src in range(0, world):  # rank order: every rank sums identically
+            if src == me:
+                if REDUCE == "sum":
+                    acc += own.to(acc_dtype)
+            else:
+                token = dl.wait(flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
+                values = tl.load(dl.consume_token(slots + src * n + offs, token), mask=mask)
+                acc = combine(acc, values.to(acc_dtype), REDUCE)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
