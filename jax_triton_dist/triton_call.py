@@ -124,6 +124,8 @@ def triton_call(
     axis_name: str,
     workspace: Sequence[Workspace] = (),
     symmetric: Sequence[int] = (),
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     **kwargs: Any,
 ) -> Any:
     """Runs a distributed Triton kernel on every device of a ``shard_map`` axis.
@@ -149,6 +151,8 @@ def triton_call(
       symmetric: indices into ``args`` of arrays to stage into the symmetric heap, so that
         peers can read them with ``dl.symm_at``. Staging alternates between two slots by
         epoch, so a rank may run at most one call ahead of a peer that reads its data.
+      num_warps: warps per program on GPUs (default 4); ignored by the CPU backend.
+      num_stages: software-pipelining depth on GPUs (default 3); ignored on CPU.
       **kwargs: constexprs and scalar keyword arguments of the kernel.
 
     Returns:
@@ -214,6 +218,8 @@ def triton_call(
         axis=axes.index(axis_name), num_ranks=sizes[axis_name], params=params, inputs=inputs,
         symmetric=frozenset(staged), outputs=outputs, workspaces=[w.spec for w in workspaces],
         kwargs=dict(kwargs),
+        launch={k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
+                if v is not None},
     )
     call_id = call_site.register(site)
     coords = jnp.stack([jax.lax.axis_index(a) for a in axes]).astype(jnp.int32)

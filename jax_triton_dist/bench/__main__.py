@@ -1,4 +1,4 @@
-"""``python -m jax_triton_dist.bench collectives [--sizes ...] [--json PATH]``.
+"""``python -m jax_triton_dist.bench {collectives,gemm} [options] [--json PATH]``.
 
 Without a GPU the suite runs on 8 simulated CPU devices (Triton's interpreter): a smoke
 test of the benchmark, not a performance record. With ``--platform gpu`` (or a GPU as
@@ -23,6 +23,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     coll.add_argument("--iters", type=int, default=5)
     coll.add_argument("--platform", default=None, help="cpu, gpu (default: JAX's default)")
     coll.add_argument("--json", default="bench_collectives.json", help="output JSON path")
+    gemm = sub.add_parser("gemm", help="the GEMM tiles vs jnp.dot (one device)")
+    gemm.add_argument("--shapes", nargs="+", default=None, help="MxNxK (default: the TP8 set)")
+    gemm.add_argument("--iters", type=int, default=5)
+    gemm.add_argument("--dtype", default="bfloat16")
+    gemm.add_argument("--platform", default=None)
+    gemm.add_argument("--json", default="bench_gemm.json", help="output JSON path")
     return parser.parse_args(argv)
 
 
@@ -34,7 +40,17 @@ def main(argv: list[str] | None = None) -> None:
 
     import jax
 
-    from jax_triton_dist.bench import collectives, timing
+    from jax_triton_dist.bench import collectives, gemm, timing
+
+    if args.suite == "gemm":
+        shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes
+                  else gemm.SHAPES)
+        device = jax.devices(args.platform)[0]
+        print(f"GEMM tiles vs jnp.dot on {device.device_kind} ({device.platform}), {args.dtype}")
+        rows = gemm.run(shapes, args.iters, args.dtype, args.platform)
+        timing.print_table(rows, gemm.COLUMNS)
+        timing.write_json(args.json, "gemm", rows)
+        return
 
     devices = jax.devices(args.platform)
     ranks = args.ranks or len(devices)

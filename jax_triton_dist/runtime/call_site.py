@@ -74,6 +74,7 @@ class CallSite:
       outputs: per-rank result specs.
       workspaces: per-rank symmetric workspace specs.
       kwargs: keyword (constexpr) arguments.
+      launch: compiled backends' launch options (``num_warps``, ``num_stages``).
     """
 
     kernel: Any
@@ -88,6 +89,7 @@ class CallSite:
     outputs: list[ArraySpec]
     workspaces: list[ArraySpec]
     kwargs: dict[str, Any]
+    launch: dict[str, int] = dataclasses.field(default_factory=dict)
     teams: dict[tuple[int, ...], TeamState] = dataclasses.field(default_factory=dict)
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 

@@ -64,9 +64,14 @@ def compile_site(call_id: int, site: call_site.CallSite):
     """Triton signature and compiled kernel of a call site (compiled once)."""
     with _compile_lock:
         if call_id not in _compiled:
-            signature, constexprs = cuda_compile.signature_of(
-                site.kernel, _positional(site), site.kwargs)
-            kernel = cuda_compile.compile_kernel(site.kernel, signature, constexprs)
+            positional = _positional(site)
+            signature, constexprs = cuda_compile.signature_of(site.kernel, positional,
+                                                              site.kwargs)
+            attrs = cuda_compile.divisibility(signature, positional, site.kwargs)
+            kernel = cuda_compile.compile_kernel(
+                site.kernel, signature, constexprs, attrs=attrs,
+                num_warps=site.launch.get("num_warps", 4),
+                num_stages=site.launch.get("num_stages", 3))
             _compiled[call_id] = (signature, kernel)
         return _compiled[call_id]
 

@@ -10,7 +10,8 @@ other's flags. Triton 3.6's interpreter is not built for that:
   afterwards, which breaks kernels still running on other threads; here the
   patch is taken when the first kernel starts and restored when the last one
   ends (a reference count);
-* scalar tensors convert to ``int`` in a way NumPy >= 2.4 rejects; fixed here;
+* scalar tensors convert to ``int`` in a way NumPy >= 2.4 rejects, and ``tl.dot``
+  multiplies bfloat16 operands as raw bit patterns; both fixed here;
 * nested ``@triton.jit`` helpers must be ``InterpretedFunction`` objects, which
   they are only if ``TRITON_INTERPRET=1`` was set before they were defined;
   here a ``JITFunction`` called from an interpreted kernel runs interpreted.
@@ -106,6 +107,21 @@ def _tensor_index(self) -> int:
     return int(np.asarray(self.handle.data).reshape(-1)[0])
 
 
+_original_create_dot = _interp.InterpreterBuilder.create_dot
+
+
+def _bf16_as_f32(handle):
+    if handle.dtype != tl.bfloat16:
+        return handle
+    data = (np.asarray(handle.data).astype(np.uint32) << 16).view(np.float32)
+    return _interp.TensorHandle(data, tl.float32)
+
+
+def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    return _original_create_dot(self, _bf16_as_f32(a), _bf16_as_f32(b), d, input_precision,
+                                max_num_imprecise_acc)
+
+
 def _anchor() -> None:  # a function whose globals hold triton.language and its core
     return tl, tl_core
 
@@ -122,6 +138,8 @@ def _enter() -> None:
             # Triton 3.6 converts scalars with int() of a 1-element array, which NumPy 2.4
             # rejects.
             scope.set_attr(tl.tensor, "__index__", _tensor_index)
+            # Triton 3.6 multiplies bfloat16 dot operands as raw uint16 bit patterns.
+            scope.set_attr(_interp.InterpreterBuilder, "create_dot", _create_dot)
             scope.set_attr(JITFunction, "__call__", _nested_call)
             scope.set_attr(_interp.InterpretedFunction, "__call__", _nested_call)
             _scope = scope

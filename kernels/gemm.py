@@ -1,0 +1,63 @@
+"""GEMM tiles: the matrix work inside the fused GEMM + communication ops."""
+
+import triton
+import triton.language as tl
+
+from jax_triton_dist.swizzle import grouped_tile
+
+
+@triton.jit
+def matmul_tile(
+    a_ptr, b_ptr,  # A [M, K], B [K, N]
+    pid_m, pid_n,
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """``A[pid_m tile, :] @ B[:, pid_n tile]`` accumulated in float32."""
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Stores a float32 tile into ``C`` (converted to C's element type), masked at edges."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def matmul_kernel(
+    # Pointers
+    a_ptr, b_ptr, c_ptr,
+    # Sizes
+    M, N, K,
+    # Strides
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    # Meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """``C = A @ B``, one output tile per program, in grouped (L2-friendly) order."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
+    acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
+                      stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
