@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from jax_triton_dist.runtime import call_site, cuda_compile, cuda_dispatch
+from jax_triton_dist.runtime import call_site, cuda_dispatch
 
 __all__ = ["run_ranks"]
 
@@ -84,8 +84,7 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     for _, ctx in contexts:
         module, function = _cuda.load_function(device, compiled.asm["cubin"],
                                                compiled.metadata.name, compiled.metadata.shared)
-        address, _ = _cuda.module_global(device, module, cuda_compile.CTX_SYMBOL)
-        _cuda.write(device, address, struct.pack("<Q", ctx))
+        cuda_dispatch.bind_context(device, module, compiled, ctx)
         functions.append(function)
         streams.append(_cuda.stream_create(device))
     in_bufs = [[_cuda.alloc(device, max(a.nbytes, 1)) for a in first] for _ in range(world)]

@@ -43,31 +43,37 @@ def two_shot_all_reduce_kernel(
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     in_chunk = offs < chunk
 
-    # ---- phase 1: chunk `peer` of x goes to slot `me` of rank `peer` ----
-    for i in range(0, world):
+    # ---- phase 1: chunk `peer` of x goes to slot `me` of rank `peer` (not to myself) ----
+    for i in range(1, world):
         peer = (me + i) % world
         mask = in_chunk & (peer * chunk + offs < n)
         values = tl.load(x_ptr + peer * chunk + offs, mask=mask)
         tl.store(dl.symm_at(rs_slots + me * chunk + offs, peer), values, mask=mask)
         dl.notify(rs_flags + me * num_programs + pid, peer, epoch, "set", "sys")
 
-    # ---- reduce my chunk in rank order ----
+    # ---- reduce my chunk in rank order (my own part straight from x) ----
     mine = in_chunk & (me * chunk + offs < n)
-    token = dl.wait(rs_flags + pid, 1, "sys", "acquire", epoch)
-    first = tl.load(dl.consume_token(rs_slots + offs, token), mask=mine)
-    acc = first.to(tl.float32) if first.dtype.is_floating() else first
-    for src in range(1, world):
-        token = dl.wait(rs_flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
-        values = tl.load(dl.consume_token(rs_slots + src * chunk + offs, token), mask=mine)
-        acc = combine(acc, values.to(acc.dtype), REDUCE)
+    own = tl.load(x_ptr + me * chunk + offs, mask=mine)
+    acc_dtype = tl.float32 if own.dtype.is_floating() else own.dtype
+    acc = tl.zeros([BLOCK], dtype=acc_dtype) if REDUCE == "sum" else own.to(acc_dtype)
+    for src in range(0, world):
+        if src == me:
+            if REDUCE == "sum":
+                acc += own.to(acc_dtype)
+        else:
+            token = dl.wait(rs_flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
+            values = tl.load(dl.consume_token(rs_slots + src * chunk + offs, token), mask=mine)
+            acc = combine(acc, values.to(acc_dtype), REDUCE)
     reduced = acc.to(out_ptr.dtype.element_ty)
 
-    # ---- phase 2: my reduced chunk goes to slot `me` of every rank ----
-    for i in range(0, world):
+    # ---- phase 2: my reduced chunk to my output and to slot `me` of every other rank ----
+    tl.store(out_ptr + me * chunk + offs, reduced, mask=mine)
+    for i in range(1, world):
         peer = (me + i) % world
         tl.store(dl.symm_at(ag_slots + me * chunk + offs, peer), reduced, mask=mine)
         dl.notify(ag_flags + me * num_programs + pid, peer, epoch, "set", "sys")
-    for src in range(0, world):
+    for i in range(1, world):
+        src = (me + world - i) % world
         mask = in_chunk & (src * chunk + offs < n)
         token = dl.wait(ag_flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
         values = tl.load(dl.consume_token(ag_slots + src * chunk + offs, token), mask=mask)

@@ -24,7 +24,8 @@ try:  # built only where the CUDA headers were found
 except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
-__all__ = ["plan", "regions", "compile_site", "launch_params", "OPERAND", "RESULT", "VALUE"]
+__all__ = ["plan", "bind_context", "regions", "compile_site", "launch_params", "OPERAND",
+           "RESULT", "VALUE"]
 
 _CTX_HEADER = struct.Struct("<iiiiqq")  # rank, num_ranks, epoch, reserved, barrier, timeout
 _SCALAR_FORMATS = {"i1": "<?", "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q", "u8": "<B",
@@ -105,6 +106,15 @@ def launch_params(site: call_site.CallSite, signature: dict[str, str],
     return params
 
 
+def bind_context(device: int, module: int, kernel: Any, ctx: int) -> None:
+    """Points the loaded module's ``jtd_ctx`` at ``ctx`` (kernels that use no distributed
+    primitive have no such global)."""
+    if f" {cuda_compile.CTX_SYMBOL};" not in kernel.asm["ptx"]:
+        return
+    address, _ = _cuda.module_global(device, module, cuda_compile.CTX_SYMBOL)
+    _cuda.write(device, address, struct.pack("<Q", ctx))
+
+
 def _plan(call_id: int, device: int, coords_addr: int) -> None:
     site = call_site.lookup(call_id)
     if site.symmetric:
@@ -119,8 +129,7 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
     signature, kernel = compile_site(call_id, site)
     module, function = _cuda.load_function(device, kernel.asm["cubin"], kernel.metadata.name,
                                            kernel.metadata.shared)
-    address, _ = _cuda.module_global(device, module, cuda_compile.CTX_SYMBOL)
-    _cuda.write(device, address, struct.pack("<Q", ctx))
+    bind_context(device, module, kernel, ctx)
     grid = list(site.grid) + [1] * (3 - len(site.grid))
     _cuda.set_plan(call_id, device, function, grid, 32 * kernel.metadata.num_warps,
                    kernel.metadata.shared, launch_params(site, signature, region), ctx + 8)
