@@ -38,17 +38,21 @@ def signature_of(kernel: Any, positional: list[tuple[str, Any]],
     signature, constexprs = {}, {}
     values = dict(zip(params, positional, strict=False))
     for name, param in params.items():
-        if name in values:
-            kind, value = values[name]
-            signature[name] = _pointer_sig(value) if kind == "pointer" else mangle_type(value)
+        if name in values and values[name][0] == "pointer":
+            signature[name] = _pointer_sig(values[name][1])
             continue
-        if name in kwargs:
+        if name in values:
+            value = values[name][1]
+        elif name in kwargs:
             value = kwargs[name]
         elif param.default is not inspect.Parameter.empty:
             value = param.default
         else:
             raise TypeError(f"kernel {kernel.fn.__name__}: no value for parameter {name}")
-        if name in constexpr_names:
+        # Like Triton's JIT, an integer 1 (typically a unit stride) becomes a constant, so
+        # that the compiler knows the access is contiguous.
+        unit = isinstance(value, int) and not isinstance(value, bool) and value == 1
+        if name in constexpr_names or unit:
             signature[name] = "constexpr"
             constexprs[name] = value
         else:
