@@ -100,7 +100,7 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
             # Launch in a rotating order so that a different rank starts first each call.
             for rank in [(call + i) % world for i in range(world)]:
                 values = []
-                for kind, index, value, _ in cuda_dispatch.launch_params(
+                for kind, index, value, _, _ in cuda_dispatch.launch_params(
                         site, signature, contexts[rank][0]):
                     if kind == cuda_dispatch.OPERAND:
                         values.append(in_bufs[rank][index - 1])

@@ -140,3 +140,29 @@ def test_gemm_tiles_match_jnp_dot_on_gpu(m, n, k):
     ref = np.asarray(jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
                              precision=jax.lax.Precision.HIGHEST))
     assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-2
+
+
+@triton.jit
+def pull_gather_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Every rank pulls every peer's staged ``x`` after a barrier."""
+    dl.barrier_all()
+    for peer in range(0, dl.num_ranks()):
+        dl.getmem(out_ptr + peer * n, x_ptr, n, peer, BLOCK)
+    dl.barrier_all()
+
+
+@requires_gpu
+def test_symmetric_argument_staging_on_gpu():
+    world, n = len(_gpus()), 3000
+
+    def gather(v):
+        return jtd.triton_call(pull_gather_kernel, v, n=n,
+                               out_shape=jax.ShapeDtypeStruct((world * n,), v.dtype),
+                               symmetric=[0], grid=(1,), axis_name="x", BLOCK=1024)
+
+    mesh = gpu_mesh()
+    f = jax.jit(jax.shard_map(gather, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    for seed in range(5):  # both staging slots, twice
+        x = random((world * n,), jnp.float32, seed=seed)
+        out = np.asarray(f(jax.device_put(x, NamedSharding(mesh, P("x")))))
+        np.testing.assert_array_equal(out.reshape(world, world * n)[0], np.asarray(x))

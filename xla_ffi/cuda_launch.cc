@@ -160,14 +160,16 @@ class DeviceScope {
 // Launch plans
 // ---------------------------------------------------------------------------
 
-// One kernel parameter: a buffer of the call (operand / result), or a fixed value.
-enum class ParamKind : int { kOperand = 0, kResult = 1, kValue = 2 };
+// One kernel parameter: a buffer of the call (operand / result), a fixed value, or an
+// operand staged into one of two symmetric slots (by epoch parity) before the launch.
+enum class ParamKind : int { kOperand = 0, kResult = 1, kValue = 2, kStaged = 3 };
 
 struct Param {
   ParamKind kind;
   int64_t index;   // operand or result index
-  uint64_t value;  // kValue: the bytes (little-endian, `size` of them)
-  int size;        // bytes of the parameter
+  uint64_t value;  // kValue: the bytes (little-endian); kStaged: slot 0
+  uint64_t alt;    // kStaged: slot 1
+  int64_t size;    // bytes of the parameter; kStaged: bytes to copy
 };
 
 struct Plan {
@@ -217,14 +219,22 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
     if (plan == nullptr) return Fail("the planner registered no plan");
   }
 
+  std::lock_guard<std::mutex> lock(plan->mu);
+  const uint32_t epoch = plan->epoch + 1;
   std::vector<uint64_t> storage(plan->params.size() + 2, 0);
   std::vector<void*> pointers(plan->params.size() + 2);
   for (size_t i = 0; i < plan->params.size(); ++i) {
     const Param& p = plan->params[i];
-    if (p.kind == ParamKind::kOperand) {
+    if (p.kind == ParamKind::kOperand || p.kind == ParamKind::kStaged) {
       auto buffer = args.get<ffi::AnyBuffer>(p.index);
       if (!buffer.has_value()) return buffer.error();
       storage[i] = reinterpret_cast<uint64_t>(buffer->untyped_data());
+      if (p.kind == ParamKind::kStaged) {
+        const uint64_t slot = epoch % 2 ? p.alt : p.value;
+        CUresult r = D().cuMemcpyDtoDAsync(slot, storage[i], p.size, stream);
+        if (r != CUDA_SUCCESS) return Fail("staging a symmetric argument: " + ErrorText(r));
+        storage[i] = slot;
+      }
     } else if (p.kind == ParamKind::kResult) {
       auto buffer = rets.get<ffi::AnyBuffer>(p.index);
       if (!buffer.has_value()) return buffer.error();
@@ -238,12 +248,12 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
   pointers[plan->params.size()] = &storage[plan->params.size()];
   pointers[plan->params.size() + 1] = &storage[plan->params.size() + 1];
 
-  std::lock_guard<std::mutex> lock(plan->mu);
-  CUresult r = D().cuStreamWriteValue32(stream, plan->epoch_addr, ++plan->epoch, 0);
+  CUresult r = D().cuStreamWriteValue32(stream, plan->epoch_addr, epoch, 0);
   if (r != CUDA_SUCCESS) return Fail("cuStreamWriteValue32: " + ErrorText(r));
   r = D().cuLaunchKernel(plan->function, plan->grid[0], plan->grid[1], plan->grid[2],
                          plan->block, 1, 1, plan->shared, stream, pointers.data(), nullptr);
   if (r != CUDA_SUCCESS) return Fail("cuLaunchKernel: " + ErrorText(r));
+  plan->epoch = epoch;
   return ffi::Error::Success();
 }
 
@@ -408,14 +418,15 @@ NB_MODULE(_cuda, m) {
       "set_plan",
       [](int64_t call_id, int device, uintptr_t function, std::vector<unsigned> grid,
          unsigned block, unsigned shared,
-         std::vector<std::tuple<int, int64_t, uint64_t, int>> params, uint64_t epoch_addr) {
+         std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>> params,
+         uint64_t epoch_addr) {
         auto plan = std::make_unique<Plan>();
         plan->function = reinterpret_cast<CUfunction>(function);
         for (int i = 0; i < 3; ++i) plan->grid[i] = i < static_cast<int>(grid.size()) ? grid[i] : 1;
         plan->block = block;
         plan->shared = shared;
-        for (const auto& [kind, index, value, size] : params) {
-          plan->params.push_back({static_cast<ParamKind>(kind), index, value, size});
+        for (const auto& [kind, index, value, alt, size] : params) {
+          plan->params.push_back({static_cast<ParamKind>(kind), index, value, alt, size});
         }
         plan->epoch_addr = epoch_addr;
         std::lock_guard<std::mutex> lock(g_plans_mu);

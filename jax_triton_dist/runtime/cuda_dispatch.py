@@ -25,12 +25,12 @@ except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
 __all__ = ["plan", "bind_context", "regions", "compile_site", "launch_params", "OPERAND",
-           "RESULT", "VALUE"]
+           "RESULT", "VALUE", "STAGED"]
 
 _CTX_HEADER = struct.Struct("<iiiiqq")  # rank, num_ranks, epoch, reserved, barrier, timeout
 _SCALAR_FORMATS = {"i1": "<?", "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q", "u8": "<B",
                    "u16": "<H", "u32": "<I", "u64": "<Q", "fp32": "<f", "fp64": "<d"}
-OPERAND, RESULT, VALUE = 0, 1, 2
+OPERAND, RESULT, VALUE, STAGED = 0, 1, 2, 3
 
 _compile_lock = threading.Lock()
 _compiled: dict[int, Any] = {}
@@ -82,25 +82,31 @@ def _value(type_name: str, value: Any) -> tuple[int, int, int, int]:
     if fmt is None:
         raise TypeError(f"unsupported scalar kernel argument type {type_name}")
     raw = struct.pack(fmt, value)
-    return (VALUE, 0, int.from_bytes(raw.ljust(8, b"\0"), "little"), len(raw))
+    return (VALUE, 0, int.from_bytes(raw.ljust(8, b"\0"), "little"), 0, len(raw))
 
 
 def launch_params(site: call_site.CallSite, signature: dict[str, str],
-                  region: int) -> list[tuple[int, int, int, int]]:
-    """``(kind, index, value, size)`` per kernel parameter: an operand, a result, a value."""
-    _, workspace_offsets, _, _ = site.region_layout()
+                  region: int) -> list[tuple[int, int, int, int, int]]:
+    """``(kind, index, value, alt, size)`` per kernel parameter: an operand, a result, a
+    value, or an operand staged into the symmetric slot ``value`` (odd epochs: ``alt``)
+    and ``size`` bytes long."""
+    _, workspace_offsets, staging, _ = site.region_layout()
     positional = dict(zip(signature, site.params, strict=False))
     params = []
     for name, type_name in signature.items():
         if type_name == "constexpr":
             continue
         kind, value = positional.get(name, ("keyword", site.kwargs.get(name)))
-        if kind == "array":
-            params.append((OPERAND, value + 1, 0, 8))  # operand 0 holds the coordinates
+        if kind == "array" and value in staging:
+            even, odd = staging[value]
+            params.append((STAGED, value + 1, region + even, region + odd,
+                           site.inputs[value].nbytes))
+        elif kind == "array":
+            params.append((OPERAND, value + 1, 0, 0, 8))  # operand 0 holds the coordinates
         elif kind == "output":
-            params.append((RESULT, value, 0, 8))
+            params.append((RESULT, value, 0, 0, 8))
         elif kind == "workspace":
-            params.append((VALUE, 0, region + workspace_offsets[value], 8))
+            params.append((VALUE, 0, region + workspace_offsets[value], 0, 8))
         else:
             params.append(_value(type_name, value))
     return params
@@ -117,11 +123,6 @@ def bind_context(device: int, module: int, kernel: Any, ctx: int) -> None:
 
 def _plan(call_id: int, device: int, coords_addr: int) -> None:
     site = call_site.lookup(call_id)
-    if site.symmetric:
-        raise NotImplementedError(
-            f"kernel {site.label}: symmetric arguments are not supported on the CUDA backend "
-            "yet; use a workspace"
-        )
     raw = _cuda.read(device, coords_addr, 4 * len(site.mesh_axes))
     coords = tuple(int(c) for c in np.frombuffer(raw, np.int32))
     rank, team = site.join(coords, device, shmem.wait_timeout(), regions)
