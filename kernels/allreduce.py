@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
-from jax_triton_dist.kernels.exchange import combine, epoch_half
+from jax_triton_dist.kernels.exchange import epoch_half, reduce_in_rank_order
 
 
 @triton.jit
@@ -54,16 +54,8 @@ def two_shot_all_reduce_kernel(
     # ---- reduce my chunk in rank order (my own part straight from x) ----
     mine = in_chunk & (me * chunk + offs < n)
     own = tl.load(x_ptr + me * chunk + offs, mask=mine)
-    acc_dtype = tl.float32 if own.dtype.is_floating() else own.dtype
-    acc = tl.zeros([BLOCK], dtype=acc_dtype) if REDUCE == "sum" else own.to(acc_dtype)
-    for src in range(0, world):
-        if src == me:
-            if REDUCE == "sum":
-                acc += own.to(acc_dtype)
-        else:
-            token = dl.wait(rs_flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
-            values = tl.load(dl.consume_token(rs_slots + src * chunk + offs, token), mask=mine)
-            acc = combine(acc, values.to(acc_dtype), REDUCE)
+    acc = reduce_in_rank_order(own, rs_slots, rs_flags, chunk, offs, mine, pid, num_programs,
+                               me, world, epoch, REDUCE)
     reduced = acc.to(out_ptr.dtype.element_ty)
 
     # ---- phase 2: my reduced chunk to my output and to slot `me` of every other rank ----

@@ -35,6 +35,28 @@ def combine(acc, values, REDUCE: tl.constexpr):
 
 
 @triton.jit
+def reduce_in_rank_order(own, slots, flags, stride, offs, mask, pid, num_programs, me, world,
+                         epoch, REDUCE: tl.constexpr):
+    """Reduces every rank's block: this rank's ``own`` values, and each source's block in
+    ``slots + src * stride`` once its flag ``flags[src, pid]`` reaches ``epoch``.
+
+    Sums run in rank order in float32 (floating types), so every rank computes the same
+    bits; max/min need no order. Returns the accumulator (float32 for floating types).
+    """
+    acc_dtype = tl.float32 if own.dtype.is_floating() else own.dtype
+    acc = tl.zeros(own.shape, dtype=acc_dtype) if REDUCE == "sum" else own.to(acc_dtype)
+    for src in range(0, world):
+        if src == me:
+            if REDUCE == "sum":
+                acc += own.to(acc_dtype)
+        else:
+            token = dl.wait(flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
+            values = tl.load(dl.consume_token(slots + src * stride + offs, token), mask=mask)
+            acc = combine(acc, values.to(acc_dtype), REDUCE)
+    return acc
+
+
+@triton.jit
 def push_exchange_kernel(
     # Pointers
     x_ptr,  # [num_ranks, n] if SEND_CHUNKS (row p goes to rank p), else [n] (sent to all)
@@ -85,14 +107,6 @@ def push_exchange_kernel(
             block = dl.consume_token(slots + src * n + offs, token)
             tl.store(out_ptr + src * n + offs, tl.load(block, mask=mask), mask=mask)
     else:
-        acc_dtype = tl.float32 if own.dtype.is_floating() else own.dtype
-        acc = tl.zeros([BLOCK], dtype=acc_dtype) if REDUCE == "sum" else own.to(acc_dtype)
-        for src in range(0, world):  # rank order: every rank sums identically
-            if src == me:
-                if REDUCE == "sum":
-                    acc += own.to(acc_dtype)
-            else:
-                token = dl.wait(flags + src * num_programs + pid, 1, "sys", "acquire", epoch)
-                values = tl.load(dl.consume_token(slots + src * n + offs, token), mask=mask)
-                acc = combine(acc, values.to(acc_dtype), REDUCE)
+        acc = reduce_in_rank_order(own, slots, flags, n, offs, mask, pid, num_programs, me,
+                                   world, epoch, REDUCE)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)

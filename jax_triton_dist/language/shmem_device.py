@@ -45,23 +45,24 @@ def ptr(addr, pe):
 
 
 @triton.jit
-def putmem(dest, source, nelems, pe, BLOCK: tl.constexpr = 1024):
-    """Copies ``nelems`` elements from local ``source`` to symmetric ``dest`` on ``pe``."""
-    remote = symm_at(dest, pe)
+def _copy(dest, source, nelems, BLOCK: tl.constexpr):
+    """Copies ``nelems`` elements, ``BLOCK`` at a time."""
     for start in range(0, nelems, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < nelems
-        tl.store(remote + offs, tl.load(source + offs, mask=mask), mask=mask)
+        tl.store(dest + offs, tl.load(source + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def putmem(dest, source, nelems, pe, BLOCK: tl.constexpr = 1024):
+    """Copies ``nelems`` elements from local ``source`` to symmetric ``dest`` on ``pe``."""
+    _copy(symm_at(dest, pe), source, nelems, BLOCK)
 
 
 @triton.jit
 def getmem(dest, source, nelems, pe, BLOCK: tl.constexpr = 1024):
     """Copies ``nelems`` elements from symmetric ``source`` on ``pe`` to local ``dest``."""
-    remote = symm_at(source, pe)
-    for start in range(0, nelems, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < nelems
-        tl.store(dest + offs, tl.load(remote + offs, mask=mask), mask=mask)
+    _copy(dest, symm_at(source, pe), nelems, BLOCK)
 
 
 @triton.jit
