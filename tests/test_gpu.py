@@ -166,3 +166,23 @@ def test_symmetric_argument_staging_on_gpu():
         x = random((world * n,), jnp.float32, seed=seed)
         out = np.asarray(f(jax.device_put(x, NamedSharding(mesh, P("x")))))
         np.testing.assert_array_equal(out.reshape(world, world * n)[0], np.asarray(x))
+
+
+@requires_gpu
+@pytest.mark.parametrize("m,k,n", [(16, 4096, 1376), (128, 1376, 4096), (7, 100, 300)])
+def test_matmul_all_reduce_on_gpu(m, k, n):
+    world = len(_gpus())
+    rng = np.random.default_rng(k)
+    x = jnp.asarray(rng.standard_normal((m, world * k)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((world * k, n)) / np.sqrt(world * k), jnp.bfloat16)
+    mesh = gpu_mesh()
+    specs = (P(None, "x"), P("x", None))
+    f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_all_reduce(a, b, "x"), mesh=mesh,
+                              in_specs=specs, out_specs=P("x")))
+    out = np.asarray(f(jax.device_put(x, NamedSharding(mesh, specs[0])),
+                       jax.device_put(w, NamedSharding(mesh, specs[1]))), np.float32)
+    ref = np.asarray(jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32),
+                             precision=jax.lax.Precision.HIGHEST))
+    for r in range(world):
+        part = out[r * m:(r + 1) * m]
+        assert np.linalg.norm(part - ref) / np.linalg.norm(ref) < 1e-2

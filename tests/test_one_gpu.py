@@ -110,3 +110,24 @@ def test_putmem_signal_and_barrier(world):
     for c in range(CALLS):
         for r in range(world):
             np.testing.assert_array_equal(out[c][r][0], x[c, (r - 1) % world])
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_matmul_all_reduce_kernel(world):
+    from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
+
+    m, k, n = 32, 256, 192
+    rng = np.random.default_rng(world)
+    xs = rng.standard_normal((CALLS, world, m, k)).astype(np.float32)
+    w = rng.standard_normal((world, k, n)).astype(np.float32) / 16
+    tiles = 2 * 2  # BLOCK_M=16 over m=32, BLOCK_N=128 over n=192
+    out = one_gpu.run_ranks(
+        matmul_all_reduce_kernel, world, lambda c, r: [xs[c, r], w[r]], [((m, n), np.float32)],
+        [((2, world, m, n), np.float32), ((2, world, tiles), np.int32)], grid=(tiles,),
+        kwargs={"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1, "stride_bk": n,
+                "stride_bn": 1, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+        calls=CALLS)
+    for c in range(CALLS):
+        ref = np.einsum("rmk,rkn->mn", xs[c].astype(np.float64), w.astype(np.float64))
+        for r in range(world):  # tf32 tensor cores for float32 inputs
+            assert np.linalg.norm(out[c][r][0] - ref) / np.linalg.norm(ref) < 5e-3

@@ -1,0 +1,60 @@
+"""GEMM + AllReduce in one kernel: ``psum(A @ B)`` for small M (decode)."""
+
+import triton
+import triton.language as tl
+
+import jax_triton_dist.language as dl
+from jax_triton_dist.kernels.exchange import epoch_half, reduce_in_rank_order
+from jax_triton_dist.kernels.gemm import matmul_tile, store_tile
+from jax_triton_dist.swizzle import grouped_tile
+
+
+@triton.jit
+def matmul_all_reduce_kernel(
+    # Pointers
+    a_ptr,  # [M, K] this rank's activations (its K shard)
+    b_ptr,  # [K, N] this rank's weights (the same K shard)
+    c_ptr,  # [M, N] the sum over ranks of A @ B
+    slots_ptr,  # symmetric workspace float32 [2, num_ranks, M, N]: peers' partial tiles
+    flags_ptr,  # symmetric workspace int32 [2, num_ranks, num_tiles]
+    # Sizes
+    M, N, K,
+    # Strides
+    stride_am, stride_ak, stride_bk, stride_bn,
+    # Meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """Program ``tile`` computes its partial output tile, pushes it (float32) to every other
+    rank as soon as it is done, then sums all ranks' partials of that tile in rank order.
+
+    The exchange of tile t overlaps the GEMM of the other tiles; no separate all-reduce
+    pass runs over the output.
+    """
+    tile = tl.program_id(0)
+    num_tiles = tl.num_programs(0)
+    me = dl.rank()
+    world = dl.num_ranks()
+    epoch = dl.epoch()
+    slots = epoch_half(slots_ptr, epoch, world * M * N)
+    flags = epoch_half(flags_ptr, epoch, world * num_tiles)
+    pid_m, pid_n = grouped_tile(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+
+    # ---- this rank's partial tile ----
+    acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
+                      stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+
+    # ---- push it into slot `me` of every other rank, raise flag (me, tile) there ----
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    for i in range(1, world):
+        peer = (me + i) % world
+        tl.store(dl.symm_at(slots + me * M * N + offs, peer), acc, mask=mask)
+        dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
+
+    # ---- sum every rank's partial of this tile, store ----
+    total = reduce_in_rank_order(acc, slots, flags, M * N, offs, mask, tile, num_tiles, me,
+                                 world, epoch, "sum")
+    store_tile(c_ptr, total, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
