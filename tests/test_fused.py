@@ -30,7 +30,8 @@ def reference(x, w):
                    precision=jax.lax.Precision.HIGHEST)
 
 
-def run_mar(mesh, axis, x, w, specs=(P(None, "x"), P("x", None))):
+def run_mar(mesh, axis, x, w):
+    specs = (P(None, axis), P(axis, None))  # K split over the axis
     f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_all_reduce(a, b, axis), mesh=mesh,
                               in_specs=specs, out_specs=P(axis)))
     out = f(jax.device_put(x, NamedSharding(mesh, specs[0])),
@@ -57,7 +58,7 @@ def test_matmul_all_reduce_on_2x4_mesh(axis):
     mesh = Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("dp", "tp"))
     ranks = mesh.shape[axis]
     x, w = inputs(ranks, m=70, k_local=17, n=33, dtype=jnp.float32, seed=3)
-    out = run_mar(mesh, axis, x, w, specs=(P(None, axis), P(axis, None)))
+    out = run_mar(mesh, axis, x, w)
     for r in range(ranks):
         np.testing.assert_allclose(out[r], np.asarray(reference(x, w)), rtol=1e-4, atol=1e-4)
 
