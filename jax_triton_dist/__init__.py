@@ -6,20 +6,22 @@ Public API:
   ``jax.shard_map``;
 * :func:`all_gather`, :func:`reduce_scatter`, :func:`all_reduce`, :func:`all_to_all` —
   drop-in replacements for the ``jax.lax`` collectives;
-* :func:`matmul_all_reduce` — fused GEMM + collective (more fused ops to come);
+* :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce` —
+  GEMM and collective fused in one kernel;
 * :mod:`jax_triton_dist.language` (``dl``) — the kernel language;
 * :mod:`jax_triton_dist.shmem` — the host SHMEM API.
 """
 
 from jax_triton_dist import shmem
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
-from jax_triton_dist.fused import matmul_all_reduce
+from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 from jax_triton_dist.runtime import ffi_targets as _ffi_targets
 from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, triton_call
 
 __all__ = [
     "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem",
-    "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "matmul_all_reduce",
+    "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+    "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
 ]
 __version__ = "0.1.0"
 

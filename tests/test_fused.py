@@ -145,3 +145,155 @@ def test_matmul_all_reduce_errors():
         trace(jnp.ones((4, 8), jnp.int32), jnp.ones((8, 4), jnp.int32))
     with pytest.raises(ValueError, match="must be 2-D"):
         trace(jnp.ones((4, 8, 2)), jnp.ones((8, 4)))
+
+
+# ---------------------------------------------------------------------------
+# all_gather_matmul and matmul_reduce_scatter
+# ---------------------------------------------------------------------------
+
+
+def run_op(op, mesh, axis, x, w, x_spec, w_spec):
+    f = jax.jit(jax.shard_map(lambda a, b: op(a, b, axis), mesh=mesh, in_specs=(x_spec, w_spec),
+                              out_specs=P(axis)))
+    return np.asarray(f(jax.device_put(x, NamedSharding(mesh, x_spec)),
+                        jax.device_put(w, NamedSharding(mesh, w_spec))), np.float32)
+
+
+def check_agmm(mesh, axis, m, k, n_local, dtype, seed):
+    """x rows split over the axis; w columns split over it: out[r] = x @ w[:, cols of r]."""
+    ranks = mesh.shape[axis]
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((ranks * m, k)), dtype)
+    w = jnp.asarray(rng.standard_normal((k, ranks * n_local)) / np.sqrt(k), dtype)
+    out = run_op(jtd.all_gather_matmul, mesh, axis, x, w, P(axis, None), P(None, axis))
+    full = np.asarray(reference(x, w))  # [ranks*m, ranks*n_local]
+    out = out.reshape(ranks, ranks * m, n_local)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    for r in range(ranks):
+        want = full[:, r * n_local:(r + 1) * n_local]
+        assert np.linalg.norm(out[r] - want) / np.linalg.norm(want) < tol
+
+
+def check_mmrs(mesh, axis, m, k_local, n, dtype, seed):
+    """x columns (K) split over the axis; out[r] = rows r of x @ w (summed over K shards)."""
+    ranks = mesh.shape[axis]
+    x, w = inputs(ranks, m=ranks * m, k_local=k_local, n=n, dtype=dtype, seed=seed)
+    out = run_op(jtd.matmul_reduce_scatter, mesh, axis, x, w, P(None, axis), P(axis, None))
+    full = np.asarray(reference(x, w))
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    for r in range(ranks):
+        want = full[r * m:(r + 1) * m]
+        got = out[r * m:(r + 1) * m]
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < tol
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_all_gather_matmul(ranks, dtype):
+    check_agmm(mesh_1d(ranks), "x", m=5, k=24, n_local=20, dtype=dtype, seed=ranks)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_matmul_reduce_scatter(ranks, dtype):
+    check_mmrs(mesh_1d(ranks), "x", m=3, k_local=20, n=36, dtype=dtype, seed=ranks + 40)
+
+
+@pytest.mark.parametrize("axis", ["dp", "tp"])
+def test_agmm_and_mmrs_on_2x4_mesh(axis):
+    mesh = Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("dp", "tp"))
+    check_agmm(mesh, axis, m=9, k=17, n_local=13, dtype=jnp.float32, seed=5)
+    check_mmrs(mesh, axis, m=7, k_local=11, n=19, dtype=jnp.float32, seed=6)
+
+
+def test_agmm_mmrs_gradients_match_lax():
+    """A tensor-parallel MLP (AG+GEMM -> gelu -> GEMM+RS) vs the unfused jax.lax version."""
+    ranks = 4
+    mesh = mesh_1d(ranks)
+    rng = np.random.default_rng(70)
+    x = jnp.asarray(rng.standard_normal((ranks * 3, 16)), jnp.float32)
+    w1 = jnp.asarray(rng.standard_normal((16, ranks * 8)) / 4, jnp.float32)
+    w2 = jnp.asarray(rng.standard_normal((ranks * 8, 16)) / 4, jnp.float32)
+    weights = jnp.asarray(rng.standard_normal((ranks * 3, 16)), jnp.float32)
+    specs = (P("x", None), P(None, "x"), P("x", None))
+
+    def ours(x, w1, w2):
+        h = jax.nn.gelu(jtd.all_gather_matmul(x, w1, "x"))
+        return jtd.matmul_reduce_scatter(h, w2, "x")
+
+    def lax_version(x, w1, w2):
+        h = jax.nn.gelu(jnp.dot(jax.lax.all_gather(x, "x", tiled=True), w1))
+        return jax.lax.psum_scatter(jnp.dot(h, w2), "x", tiled=True)
+
+    def grads(fn):
+        f = jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=P("x"))
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a) * weights),
+                                          argnums=(0, 1, 2)))(x, w1, w2)
+
+    (value, got), (ref_value, want) = grads(ours), grads(lax_version)
+    np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-5)
+    for g, r in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-5)
+
+
+def test_agmm_mmrs_back_to_back_with_a_straggler(monkeypatch):
+    mesh = mesh_1d(4)
+    slow_pe = mesh.devices[2].id
+    original = cpu_dispatch._run
+
+    def delayed(call_id, device_ordinal, arg_ptrs, ret_ptrs):
+        if device_ordinal == slow_pe:
+            time.sleep(0.02)
+        return original(call_id, device_ordinal, arg_ptrs, ret_ptrs)
+
+    monkeypatch.setattr(cpu_dispatch, "_run", delayed)
+    for seed in range(4):  # both staging slots, twice, with fresh inputs
+        check_agmm(mesh, "x", m=4, k=16, n_local=8, dtype=jnp.float32, seed=100 + seed)
+        check_mmrs(mesh, "x", m=2, k_local=8, n=24, dtype=jnp.float32, seed=200 + seed)
+
+
+def test_agmm_mmrs_200_back_to_back_calls():
+    ranks, steps = 2, 200
+    mesh = mesh_1d(ranks)
+    rng = np.random.default_rng(30)
+    xs = jnp.asarray(rng.standard_normal((steps, ranks * 2, 8)), jnp.float32)
+    w1 = jnp.asarray(rng.standard_normal((8, ranks * 8)), jnp.float32)
+    w2 = jnp.asarray(rng.standard_normal((ranks * 8, 8)), jnp.float32)
+
+    def body(xs, w1, w2):
+        def step(c, x):
+            return c, jtd.matmul_reduce_scatter(jtd.all_gather_matmul(x, w1, "x"), w2, "x")
+        return jax.lax.scan(step, 0, xs)[1]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "x"), P(None, "x"),
+                                                         P("x", None)), out_specs=P(None, "x")))
+    out = np.asarray(f(xs, w1, w2))
+    ref = np.asarray(jnp.einsum("sme,ef,fn->smn", xs, w1, w2, precision="highest"))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_agmm_mmrs_kernels_are_what_runs():
+    mesh = mesh_1d(4)
+    x = jnp.ones((16, 8))
+    f = jax.jit(jax.shard_map(
+        lambda a, b: jtd.matmul_reduce_scatter(jtd.all_gather_matmul(a, b, "x"), b.T, "x"),
+        mesh=mesh, in_specs=(P("x", None), P(None, "x")), out_specs=P("x")))
+    hlo = f.lower(x, jnp.ones((8, 16))).compile().as_text()
+    assert hlo.count("jtd_triton") >= 2
+    assert not any(op in hlo for op in ("all-gather", "reduce-scatter", "all-reduce", " dot("))
+
+
+def test_agmm_mmrs_errors():
+    mesh = mesh_1d(4)
+
+    def trace(op, x, w, **kw):
+        f = jax.shard_map(lambda a, b: op(a, b, "x", **kw), mesh=mesh,
+                          in_specs=(P(), P()), out_specs=P("x"))
+        return jax.jit(f).lower(x, w)
+
+    with pytest.raises(ValueError, match="6 rows, which do not divide by the 4 ranks"):
+        trace(jtd.matmul_reduce_scatter, jnp.ones((6, 8)), jnp.ones((8, 4)))
+    with pytest.raises(NotImplementedError, match="gather_axis=1: only 0"):
+        trace(jtd.all_gather_matmul, jnp.ones((4, 8)), jnp.ones((8, 4)), gather_axis=1)
+    with pytest.raises(ValueError, match=r"x.shape\[1\] must equal w.shape\[0\]"):
+        trace(jtd.all_gather_matmul, jnp.ones((4, 8)), jnp.ones((6, 4)))

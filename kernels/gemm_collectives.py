@@ -1,0 +1,100 @@
+"""AllGather + GEMM and GEMM + ReduceScatter, each one kernel (tensor-parallel MLP layers).
+
+Both walk their output tiles in a rank-dependent order (``jax_triton_dist.swizzle``) so
+that the work needing no communication comes where it hides the communication, and no
+program ever waits for a later program of its own launch.
+"""
+
+import triton
+import triton.language as tl
+
+import jax_triton_dist.language as dl
+from jax_triton_dist.kernels.exchange import epoch_half, reduce_in_rank_order
+from jax_triton_dist.kernels.gemm import matmul_tile, store_tile
+from jax_triton_dist.swizzle import own_last_tile, rank_rotated_tile
+
+
+@triton.jit
+def all_gather_matmul_kernel(
+    # Pointers
+    x_ptr,  # [m, K] this rank's rows, staged in the symmetric heap by the runtime
+    w_ptr,  # [K, N] this rank's weight columns
+    c_ptr,  # [num_ranks * m, N] all_gather(x) @ w
+    flags_ptr,  # symmetric workspace int32 [2, num_ranks]: "rank s staged its rows"
+    # Sizes
+    m, N, K,
+    # Meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
+    order: this rank's own rows first (local, no wait), then each peer's shard around the
+    ring, read straight from the peer's symmetric buffer once its flag has landed.
+    """
+    tile = tl.program_id(0)
+    me = dl.rank()
+    world = dl.num_ranks()
+    epoch = dl.epoch()
+    flags = epoch_half(flags_ptr, epoch, world)
+    if tile == 0:
+        for i in range(1, world):
+            dl.notify(flags + me, (me + i) % world, epoch, "set", "sys")
+
+    tiles_m = tl.cdiv(m, BLOCK_M)
+    pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
+                                            GROUP_M, 1)
+    local_m = pid_m - shard * tiles_m
+    if shard == me:
+        a_ptr = x_ptr
+    else:
+        token = dl.wait(flags + shard, 1, "sys", "acquire", epoch)
+        a_ptr = dl.consume_token(dl.symm_at(x_ptr, shard), token)
+    acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, N, 1, BLOCK_M, BLOCK_N,
+                      BLOCK_K)
+    store_tile(c_ptr + shard * m * N, acc, local_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def matmul_reduce_scatter_kernel(
+    # Pointers
+    x_ptr,  # [M, K] this rank's activations (its K shard)
+    w_ptr,  # [K, N] the matching weight rows
+    c_ptr,  # [M / num_ranks, N] this rank's segment of psum(x @ w)
+    slots_ptr,  # symmetric workspace float32 [2, num_ranks, M / num_ranks, N]
+    flags_ptr,  # symmetric workspace int32 [2, num_ranks, tiles per segment]
+    # Sizes
+    seg, N, K,  # seg = M / num_ranks rows per segment
+    # Meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
+    this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
+    slot as soon as it is computed; the own segment's tiles then sum every rank's partial
+    in rank order. Only the last programs wait, and only for other ranks' earlier tiles.
+    """
+    tile = tl.program_id(0)
+    me = dl.rank()
+    world = dl.num_ranks()
+    epoch = dl.epoch()
+    tiles_m = tl.cdiv(seg, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    slots = epoch_half(slots_ptr, epoch, world * seg * N)
+    flags = epoch_half(flags_ptr, epoch, world * tiles_m * tiles_n)
+    pid_m, pid_n, segment = own_last_tile(tile, tiles_m, tiles_n, me, world, GROUP_M)
+    local_m = pid_m - segment * tiles_m
+    local_tile = local_m * tiles_n + pid_n
+
+    acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1, N, 1,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
+    offs_m = local_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < seg) & (offs_n[None, :] < N)
+    if segment != me:
+        tl.store(dl.symm_at(slots + me * seg * N + offs, segment), acc, mask=mask)
+        dl.notify(flags + me * tiles_m * tiles_n + local_tile, segment, epoch, "set", "sys")
+    else:
+        total = reduce_in_rank_order(acc, slots, flags, seg * N, offs, mask, local_tile,
+                                     tiles_m * tiles_n, me, world, epoch, "sum")
+        store_tile(c_ptr, total, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)
