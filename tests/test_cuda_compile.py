@@ -13,6 +13,11 @@ import triton.language as tl
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
+from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
+from jax_triton_dist.kernels.gemm_collectives import (
+    all_gather_matmul_kernel,
+    matmul_reduce_scatter_kernel,
+)
 from jax_triton_dist.kernels.ring_exchange import ring_shift_kernel
 from jax_triton_dist.runtime.cuda_compile import CTX_SYMBOL, compile_kernel, signature_of
 
@@ -44,6 +49,16 @@ CASES = {
     "two_shot": (two_shot_all_reduce_kernel, [F32, F32, F32, F32, I32],
                  {"n": 1000, "chunk": 125, "REDUCE": "max", "BLOCK": 128}),
     "shmem_calls": (shmem_calls_kernel, [F32, F32, F32, U64], {"n": 300, "BLOCK": 128}),
+    "all_gather_matmul": (all_gather_matmul_kernel, [BF16, BF16, BF16, I32],
+                          {"m": 1024, "N": 1376, "K": 4096, "BLOCK_M": 128, "BLOCK_N": 128,
+                           "BLOCK_K": 64, "GROUP_M": 8}),
+    "matmul_reduce_scatter": (matmul_reduce_scatter_kernel, [BF16, BF16, BF16, F32, I32],
+                              {"seg": 1024, "N": 4096, "K": 1376, "BLOCK_M": 128,
+                               "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}),
+    "matmul_all_reduce": (matmul_all_reduce_kernel, [BF16, BF16, BF16, F32, I32],
+                          {"M": 128, "N": 4096, "K": 1376, "stride_am": 1376, "stride_ak": 1,
+                           "stride_bk": 4096, "stride_bn": 1, "BLOCK_M": 64, "BLOCK_N": 128,
+                           "BLOCK_K": 64, "GROUP_M": 8}),
 }
 
 
@@ -53,6 +68,8 @@ def test_kernel_compiles_for_sm90(name):
     ptx = ptx_of(kernel, pointers, kwargs)
     assert f".visible .global .align 8 .u64 {CTX_SYMBOL};" in ptx  # set per rank by the runtime
     assert "ld.global.sys.acquire" in ptx  # dl.wait
+    if "matmul" in name:
+        assert "wgmma.mma_async" in ptx  # the GEMM tiles use Hopper's warpgroup MMA
     assert "release" in ptx and "atom.global.sys" in ptx  # dl.notify
     assert "%globaltimer" in ptx and "trap;" in ptx  # the wait's watchdog
 

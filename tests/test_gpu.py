@@ -186,3 +186,28 @@ def test_matmul_all_reduce_on_gpu(m, k, n):
     for r in range(world):
         part = out[r * m:(r + 1) * m]
         assert np.linalg.norm(part - ref) / np.linalg.norm(ref) < 1e-2
+
+
+@requires_gpu
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter"])
+@pytest.mark.parametrize("m,k,n", [(1024, 4096, 1376), (100, 72, 300)])
+def test_fused_tp_ops_on_gpu(op, m, k, n):
+    world = len(_gpus())
+    rng = np.random.default_rng(m + k)
+    x = jnp.asarray(rng.standard_normal((world * m, k)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
+    mesh = gpu_mesh()
+    if op == "all_gather_matmul":  # rows of x split; the whole w on each of the ranks here
+        specs = (P("x", None), P())
+    else:  # K split
+        specs = (P(None, "x"), P("x", None))
+    fn = getattr(jtd, op)
+    f = jax.jit(jax.shard_map(lambda a, b: fn(a, b, "x"), mesh=mesh, in_specs=specs,
+                              out_specs=P("x")))
+    out = np.asarray(f(jax.device_put(x, NamedSharding(mesh, specs[0])),
+                       jax.device_put(w, NamedSharding(mesh, specs[1]))), np.float32)
+    ref = np.asarray(jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32),
+                             precision=jax.lax.Precision.HIGHEST))
+    if op == "all_gather_matmul":
+        ref = np.concatenate([ref] * world)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2

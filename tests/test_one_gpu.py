@@ -131,3 +131,26 @@ def test_matmul_all_reduce_kernel(world):
         ref = np.einsum("rmk,rkn->mn", xs[c].astype(np.float64), w.astype(np.float64))
         for r in range(world):  # tf32 tensor cores for float32 inputs
             assert np.linalg.norm(out[c][r][0] - ref) / np.linalg.norm(ref) < 5e-3
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_matmul_reduce_scatter_kernel(world):
+    from jax_triton_dist.kernels.gemm_collectives import matmul_reduce_scatter_kernel
+
+    seg, k, n = 64, 128, 128
+    rng = np.random.default_rng(world + 1)
+    xs = rng.standard_normal((CALLS, world, world * seg, k)).astype(np.float32)
+    w = rng.standard_normal((world, k, n)).astype(np.float32) / 12
+    per_segment = 2  # BLOCK_M=32 over 64 rows, BLOCK_N=128 over 128 columns
+    out = one_gpu.run_ranks(
+        matmul_reduce_scatter_kernel, world, lambda c, r: [xs[c, r], w[r]],
+        [((seg, n), np.float32)],
+        [((2, world, seg, n), np.float32), ((2, world, per_segment), np.int32)],
+        grid=(world * per_segment,),
+        kwargs={"seg": seg, "N": n, "K": k, "BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64,
+                "GROUP_M": 8}, calls=CALLS)
+    for c in range(CALLS):
+        full = np.einsum("rmk,rkn->mn", xs[c].astype(np.float64), w.astype(np.float64))
+        for r in range(world):
+            want = full[r * seg:(r + 1) * seg]
+            assert np.linalg.norm(out[c][r][0] - want) / np.linalg.norm(want) < 5e-3
