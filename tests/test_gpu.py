@@ -197,10 +197,9 @@ def test_fused_tp_ops_on_gpu(op, m, k, n):
     x = jnp.asarray(rng.standard_normal((world * m, k)), jnp.bfloat16)
     w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
     mesh = gpu_mesh()
-    if op == "all_gather_matmul":  # rows of x split; the whole w on each of the ranks here
-        specs = (P("x", None), P())
-    else:  # K split
-        specs = (P(None, "x"), P("x", None))
+    # all_gather_matmul: rows of x split, w whole on every rank; matmul_reduce_scatter: K split.
+    specs = {"all_gather_matmul": (P("x", None), P()),
+             "matmul_reduce_scatter": (P(None, "x"), P("x", None))}[op]
     fn = getattr(jtd, op)
     f = jax.jit(jax.shard_map(lambda a, b: fn(a, b, "x"), mesh=mesh, in_specs=specs,
                               out_specs=P("x")))
