@@ -27,6 +27,9 @@ python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_gpu.py" \
   "$OLDPWD/tests/test_one_gpu.py" "$OLDPWD/tests/test_cuda_compile.py" 2>&1 | tee "$OUT/tests.log" | tail -30
 tests_rc=${PIPESTATUS[0]}
 
+echo "== demo: TP MLP on the GPU(s)"
+python3 "$OLDPWD/examples/tp_mlp.py" 2>&1 | tee "$OUT/tp_mlp.log" | tail -4
+
 echo "== SASS of the bf16 GEMM tile (expect HGMMA)"
 python3 - <<'PY' 2>&1 | tee "$OUT/sass.log"
 import numpy as np, jax.numpy as jnp
