@@ -88,7 +88,9 @@ def main():
     print(f"output vs reference: relative error {y_err:.1e}")
     print(f"loss {float(loss):.6f} vs {float(ref_loss):.6f}; gradients: relative error "
           f"{g_err:.1e}  ({time.perf_counter() - start:.1f} s incl. compilation)")
-    assert y_err < 1e-4 and g_err < 1e-4, "fused TP MLP disagrees with the reference"
+    # float32 GEMMs run on TF32 tensor cores on NVIDIA GPUs (as jnp.dot's default does).
+    tol = 1e-4 if devices[0].platform == "cpu" else 1e-2
+    assert y_err < tol and g_err < tol, "fused TP MLP disagrees with the reference"
 
     # ---- SGD on both; they must stay together ----
     for step in range(1, STEPS + 1):
@@ -99,7 +101,7 @@ def main():
         print(f"step {step}: loss {float(loss):.6f} (reference {float(ref_loss):.6f})")
     drift = max(relative_error(w1s, w1), relative_error(w2s, w2))
     print(f"weights after {STEPS} SGD steps vs reference: relative error {drift:.1e}")
-    assert drift < 1e-3, "training diverged from the reference"
+    assert drift < 10 * tol, "training diverged from the reference"
     hlo = jax.jit(sharded).lower(xs, w1s, w2s).compile().as_text()
     fused = hlo.count('custom_call_target="jtd_triton"')
     collectives = sum(hlo.count(c) for c in ("all-gather", "reduce-scatter"))
