@@ -1,7 +1,5 @@
 """Collectives vs jax.lax on random data: values, gradients, repetition, skew, errors."""
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +8,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_triton_dist as jtd
-from jax_triton_dist.runtime import cpu_dispatch
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32]
 RANKS = [1, 2, 4, 8]
@@ -267,17 +264,9 @@ def test_500_back_to_back_calls_in_one_scan():
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_straggler(monkeypatch):
+def test_straggler(straggler):
     mesh = mesh_1d(4)
-    slow_pe = mesh.devices[1].id
-    original = cpu_dispatch._run
-
-    def delayed(call_id, device_ordinal, arg_ptrs, ret_ptrs):
-        if device_ordinal == slow_pe:
-            time.sleep(0.03)
-        return original(call_id, device_ordinal, arg_ptrs, ret_ptrs)
-
-    monkeypatch.setattr(cpu_dispatch, "_run", delayed)
+    straggler(mesh.devices[1].id, 0.03)
     for seed in range(3):
         x = random((4 * 4, 10), jnp.float32, seed=80 + seed)
         for method in ("one_shot", "two_shot"):

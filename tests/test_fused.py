@@ -1,7 +1,5 @@
 """Fused GEMM + communication ops vs jnp.dot in float32 composed with jax.lax collectives."""
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +8,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_triton_dist as jtd
-from jax_triton_dist.runtime import cpu_dispatch
 
 
 def mesh_1d(ranks):
@@ -98,17 +95,9 @@ def test_matmul_all_reduce_200_back_to_back_calls():
         np.testing.assert_allclose(out[:, r], ref, rtol=1e-4, atol=1e-4)
 
 
-def test_matmul_all_reduce_with_a_straggler(monkeypatch):
+def test_matmul_all_reduce_with_a_straggler(straggler):
     mesh = mesh_1d(4)
-    slow_pe = mesh.devices[3].id
-    original = cpu_dispatch._run
-
-    def delayed(call_id, device_ordinal, arg_ptrs, ret_ptrs):
-        if device_ordinal == slow_pe:
-            time.sleep(0.05)
-        return original(call_id, device_ordinal, arg_ptrs, ret_ptrs)
-
-    monkeypatch.setattr(cpu_dispatch, "_run", delayed)
+    straggler(mesh.devices[3].id, 0.05)
     for seed in range(3):
         x, w = inputs(4, m=9, k_local=8, n=24, dtype=jnp.float32, seed=seed)
         out = run_mar(mesh, "x", x, w)
@@ -236,17 +225,9 @@ def test_agmm_mmrs_gradients_match_lax():
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-5)
 
 
-def test_agmm_mmrs_back_to_back_with_a_straggler(monkeypatch):
+def test_agmm_mmrs_back_to_back_with_a_straggler(straggler):
     mesh = mesh_1d(4)
-    slow_pe = mesh.devices[2].id
-    original = cpu_dispatch._run
-
-    def delayed(call_id, device_ordinal, arg_ptrs, ret_ptrs):
-        if device_ordinal == slow_pe:
-            time.sleep(0.02)
-        return original(call_id, device_ordinal, arg_ptrs, ret_ptrs)
-
-    monkeypatch.setattr(cpu_dispatch, "_run", delayed)
+    straggler(mesh.devices[2].id, 0.02)
     for seed in range(4):  # both staging slots, twice, with fresh inputs
         check_agmm(mesh, "x", m=4, k=16, n_local=8, dtype=jnp.float32, seed=100 + seed)
         check_mmrs(mesh, "x", m=2, k_local=8, n=24, dtype=jnp.float32, seed=200 + seed)

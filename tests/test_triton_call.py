@@ -16,7 +16,6 @@ import jax_triton_dist.language as dl
 from jax_triton_dist import shmem
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.ring_exchange import ring_shift_kernel
-from jax_triton_dist.runtime import cpu_dispatch
 
 
 def make_mesh(shape, names, order=None):
@@ -143,18 +142,10 @@ def test_100_back_to_back_calls_with_fresh_inputs():
     np.testing.assert_array_equal(np.asarray(shifted), np.roll(np.asarray(xs), 40, axis=1))
 
 
-def test_straggler_rank_still_gives_correct_results(monkeypatch):
+def test_straggler_rank_still_gives_correct_results(straggler):
     """Rank 2 starts every call 50 ms late; the others must wait for it, not read stale data."""
     mesh = make_mesh((4,), ("x",))
-    slow_pe = mesh.devices.reshape(-1)[2].id
-    original = cpu_dispatch._run
-
-    def delayed(call_id, device_ordinal, arg_ptrs, ret_ptrs):
-        if device_ordinal == slow_pe:
-            time.sleep(0.05)
-        return original(call_id, device_ordinal, arg_ptrs, ret_ptrs)
-
-    monkeypatch.setattr(cpu_dispatch, "_run", delayed)
+    straggler(mesh.devices.reshape(-1)[2].id, 0.05)
     f = sharded(lambda v: one_shot_all_reduce(v, "x", block=64), mesh, P("x"), P("x"))
     ref = sharded(lambda v: jax.lax.psum(v, "x"), mesh, P("x"), P("x"))
     for seed in range(5):
