@@ -15,6 +15,7 @@ Public API:
 from jax_triton_dist import shmem
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
+from jax_triton_dist.moe import MoERouting, moe_combine, moe_dispatch
 from jax_triton_dist.runtime import ffi_targets as _ffi_targets
 from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, triton_call
 
@@ -22,6 +23,7 @@ __all__ = [
     "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
+    "moe_dispatch", "moe_combine", "MoERouting",
 ]
 __version__ = "0.1.0"
 
