@@ -18,6 +18,7 @@ from jax_triton_dist.kernels.gemm_collectives import (
     all_gather_matmul_kernel,
     matmul_reduce_scatter_kernel,
 )
+from jax_triton_dist.kernels.moe import moe_combine_kernel, moe_dispatch_kernel
 from jax_triton_dist.kernels.ring_exchange import ring_shift_kernel
 from jax_triton_dist.runtime.cuda_compile import CTX_SYMBOL, compile_kernel, signature_of
 
@@ -55,6 +56,11 @@ CASES = {
     "matmul_reduce_scatter": (matmul_reduce_scatter_kernel, [BF16, BF16, BF16, F32, I32],
                               {"seg": 1024, "N": 4096, "K": 1376, "BLOCK_M": 128,
                                "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}),
+    "moe_dispatch": (moe_dispatch_kernel, [BF16, I32, I32, I32, BF16, I32],
+                     {"H": 7168, "S": 1024, "E_local": 4, "C": 2048, "BLOCK_R": 64,
+                      "BLOCK_H": 128}),
+    "moe_combine": (moe_combine_kernel, [BF16, I32, I32, F32, BF16, I32],
+                    {"T": 128, "K": 8, "H": 7168, "BLOCK_T": 32, "BLOCK_H": 128}),
     "matmul_all_reduce": (matmul_all_reduce_kernel, [BF16, BF16, BF16, F32, I32],
                           {"M": 128, "N": 4096, "K": 1376, "stride_am": 1376, "stride_ak": 1,
                            "stride_bk": 4096, "stride_bn": 1, "BLOCK_M": 64, "BLOCK_N": 128,
