@@ -11,6 +11,7 @@ later runs only count epochs, with no synchronisation between ranks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import threading
 import time
@@ -95,6 +96,7 @@ class CallSite:
 
     # -- symmetric region layout: [barrier counters | workspaces | staging x2] --
 
+    @functools.cached_property
     def region_layout(self) -> tuple[int, list[int], dict[int, tuple[int, int]], int]:
         """Offsets inside the region: barrier area, workspaces, staging slots; total size."""
         cursor = aligned(8 * self.num_ranks)

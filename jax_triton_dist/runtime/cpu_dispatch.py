@@ -37,7 +37,7 @@ def _ensure_shmem(device_ordinal: int) -> None:
 
 def _allocate_host(site: call_site.CallSite, team: call_site.TeamState) -> int:
     """The team's region: one offset in every PE heap, zeroed on every member."""
-    _, _, _, total = site.region_layout()
+    _, _, _, total = site.region_layout
     try:
         offset = _lib.alloc(total, call_site.ALIGN)
     except shmem.ShmemError:
@@ -54,7 +54,7 @@ def _allocate_host(site: call_site.CallSite, team: call_site.TeamState) -> int:
 def _kernel_args(site: call_site.CallSite, pe: int, epoch: int, region: int,
                  arg_ptrs: list[int], ret_ptrs: list[int]) -> list:
     base = _lib.heap_base(pe) + region
-    _, workspace_offsets, staging, _ = site.region_layout()
+    _, workspace_offsets, staging, _ = site.region_layout
     args = []
     for kind, value in site.params:
         if kind == "scalar":

@@ -38,7 +38,7 @@ _compiled: dict[int, Any] = {}
 
 def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[int, int]]:
     """Allocates every member's region and context; returns ``(region, ctx)`` per rank."""
-    _, _, _, total = site.region_layout()
+    _, _, _, total = site.region_layout
     ctx_offset = call_site.aligned(total)
     ctx_size = _CTX_HEADER.size + 8 * site.num_ranks
     devices = list(team.pes)
@@ -90,7 +90,7 @@ def launch_params(site: call_site.CallSite, signature: dict[str, str],
     """``(kind, index, value, alt, size)`` per kernel parameter: an operand, a result, a
     value, or an operand staged into the symmetric slot ``value`` (odd epochs: ``alt``)
     and ``size`` bytes long."""
-    _, workspace_offsets, staging, _ = site.region_layout()
+    _, workspace_offsets, staging, _ = site.region_layout
     positional = dict(zip(signature, site.params, strict=False))
     params = []
     for name, type_name in signature.items():
