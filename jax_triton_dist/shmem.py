@@ -1,9 +1,18 @@
 """Host SHMEM API: symmetric heaps, one-sided RMA, signals, barriers and teams.
 
-Names follow ACLSHMEM (Ascend's SHMEM) and OpenSHMEM. The `host` backend runs
-``n_pes`` processing elements (PEs) in one process, one per JAX CPU device; each
-PE's heap is a separate allocation of ``heap_size`` bytes, and a symmetric
-allocation is the same offset in every heap.
+Names follow ACLSHMEM (Ascend's SHMEM) and OpenSHMEM. Each PE's heap is a separate
+allocation of ``heap_size`` bytes, and a symmetric allocation is the same offset in
+every heap. Backends:
+
+* ``host``: ``n_pes`` processing elements (PEs) in one process, one per JAX CPU
+  device; heaps are host memory (pages committed on use).
+* ``cuda``: one process driving its local GPUs; PE ``i``'s heap is GPU memory on
+  ``devices[i]`` (by default PE ``i`` is GPU ``i``), mapped on demand as allocations
+  grow and reachable from every GPU of the job, so kernels load and store peers' heaps
+  directly. Several PEs may share one GPU (for testing on one GPU).
+
+:func:`init` picks ``host`` on CPU and ``cuda`` on GPU; ``backend=`` or
+``$JTD_SHMEM_BACKEND`` overrides.
 
 A PE is a thread bound to a PE number. The runtime binds each JAX device's
 thread while it runs a kernel; user code binds threads with :func:`as_pe`::
@@ -16,7 +25,9 @@ thread while it runs a kernel; user code binds threads with :func:`as_pe`::
             ...
             shmem.free(buf)
 
-Addresses are plain integers (host addresses into the calling PE's heap).
+Addresses are plain integers (addresses in the calling PE's heap: host addresses on
+``host``, GPU virtual addresses on ``cuda``). Sources and destinations of ``putmem`` /
+``getmem`` that are not in a heap may be host or device memory.
 Collective calls (``malloc``, ``calloc``, ``align``, ``free``, ``barrier_all``,
 ``team_split_strided``, ``team_sync``) must be made by every PE of the team in
 the same order; a PE that waits longer than the timeout raises
@@ -38,7 +49,8 @@ from jax_triton_dist import _shmem as _lib
 
 __all__ = [
     "ShmemError", "ShmemTimeoutError", "Cmp", "SignalOp", "InitStatus", "Team", "TEAM_WORLD",
-    "DEFAULT_HEAP_SIZE", "HEAP_SIZE_ENV", "TIMEOUT_ENV",
+    "DEFAULT_HEAP_SIZE", "DEFAULT_GPU_HEAP_SIZE", "HEAP_SIZE_ENV", "TIMEOUT_ENV",
+    "BACKEND_ENV", "BACKENDS", "available_backends", "device_of",
     "init", "finalize", "init_status", "backend", "heap_size", "as_pe", "bind_pe", "unbind_pe",
     "my_pe", "n_pes", "malloc", "calloc", "align", "free", "ptr", "as_array", "barrier_all",
     "putmem", "getmem", "putmem_nbi", "getmem_nbi", "putmem_signal", "putmem_signal_nbi",
@@ -51,7 +63,14 @@ ShmemError = _lib.ShmemError
 ShmemTimeoutError = _lib.ShmemTimeoutError
 
 DEFAULT_HEAP_SIZE = 1 << 30
-"""Default per-PE heap size (1 GiB of address space; pages are committed on use)."""
+"""Default per-PE heap size of ``host`` (1 GiB of address space; pages are committed on
+use)."""
+DEFAULT_GPU_HEAP_SIZE = 64 << 30
+"""Default per-PE heap size of ``cuda`` (64 GiB of GPU address space; physical memory is
+mapped as allocations grow, in steps of at least 32 MiB)."""
+BACKEND_ENV = "JTD_SHMEM_BACKEND"
+"""Environment variable naming the backend :func:`init` uses when none is given."""
+BACKENDS = ("host", "cuda")
 HEAP_SIZE_ENV = "JTD_SHMEM_HEAP_SIZE"
 """Environment variable for the heap size: bytes, or with a K/M/G suffix."""
 TIMEOUT_ENV = "JTD_WAIT_TIMEOUT"
@@ -128,27 +147,61 @@ def generation() -> int:
     return _generation[0]
 
 
-def init(n_pes: int | None = None, heap_size: int | None = None, backend: str = "host") -> None:
+def available_backends() -> tuple[str, ...]:
+    """Backends this build has (``cuda`` needs the CUDA headers at build time)."""
+    return ("host", "cuda") if _lib.has_cuda() else ("host",)
+
+
+def _default_backend() -> str:
+    env = os.environ.get(BACKEND_ENV)
+    if env:
+        return env
+    import jax
+
+    return "host" if jax.default_backend() == "cpu" else "cuda"
+
+
+def init(n_pes: int | None = None, heap_size: int | None = None, backend: str | None = None,
+         devices: list[int] | None = None) -> None:
     """Initialises SHMEM for this process.
 
     Args:
-      n_pes: number of PEs. Default: the number of JAX CPU devices.
-      heap_size: bytes per PE heap. Default: ``$JTD_SHMEM_HEAP_SIZE`` or 1 GiB.
-      backend: ``"host"`` (the only backend of this build).
+      n_pes: number of PEs. Default: the number of JAX CPU devices (``host``), or of
+        ``devices`` / local GPUs (``cuda``).
+      heap_size: bytes per PE heap. Default: ``$JTD_SHMEM_HEAP_SIZE``, else
+        :data:`DEFAULT_HEAP_SIZE` (``host``) or :data:`DEFAULT_GPU_HEAP_SIZE` (``cuda``).
+      backend: ``"host"`` or ``"cuda"``. Default: ``$JTD_SHMEM_BACKEND``, else ``host``
+        when JAX's default platform is the CPU and ``cuda`` otherwise.
+      devices: ``cuda`` only: the GPU of each PE (default ``0 .. n_pes - 1``); a GPU may
+        appear more than once.
 
     Raises:
-      ShmemError: already initialised.
-      ValueError: ``n_pes`` or ``heap_size`` is not positive.
+      ShmemError: already initialised, or the backend cannot start (the message says why).
+      ValueError: ``n_pes`` or ``heap_size`` is not positive, an unknown backend, or
+        ``devices`` that do not match ``n_pes``.
     """
     if _lib.initialized():
         raise ShmemError("SHMEM is already initialised (call shmem.finalize() first)")
+    backend = backend or _default_backend()
+    if backend not in BACKENDS:
+        raise ValueError(f"shmem.init: unknown backend {backend!r} (expected one of {BACKENDS})")
+    if backend not in available_backends():
+        raise ShmemError(f"shmem.init: this build has no {backend!r} backend (built without "
+                         "the CUDA headers)")
+    if backend == "host" and devices is not None:
+        raise ValueError("shmem.init: devices= is for the cuda backend (host PEs are CPU "
+                         "devices)")
     if n_pes is None:
-        import jax
+        if devices is not None:
+            n_pes = len(devices)
+        else:
+            import jax
 
-        n_pes = jax.local_device_count("cpu")
+            n_pes = jax.local_device_count("cpu" if backend == "host" else "gpu")
     if heap_size is None:
         env = os.environ.get(HEAP_SIZE_ENV)
-        heap_size = _parse_size(env) if env else DEFAULT_HEAP_SIZE
+        default = DEFAULT_HEAP_SIZE if backend == "host" else DEFAULT_GPU_HEAP_SIZE
+        heap_size = _parse_size(env) if env else default
     if int(n_pes) <= 0:
         raise ValueError(f"shmem.init: n_pes must be positive, got {n_pes}")
     if int(heap_size) <= 0:
@@ -156,14 +209,35 @@ def init(n_pes: int | None = None, heap_size: int | None = None, backend: str = 
             f"shmem.init: heap_size must be positive, got {heap_size} (set it with the "
             f"heap_size argument or {HEAP_SIZE_ENV})"
         )
+    if backend == "cuda":
+        devices = list(range(int(n_pes))) if devices is None else [int(d) for d in devices]
+        if len(devices) != int(n_pes):
+            raise ValueError(f"shmem.init: {len(devices)} devices given for {n_pes} PEs "
+                             "(one device per PE)")
     heap_size = (int(heap_size) + _MIN_ALIGNMENT - 1) // _MIN_ALIGNMENT * _MIN_ALIGNMENT
-    _lib.init(backend, int(n_pes), heap_size)
+    try:
+        _lib.init(backend, int(n_pes), heap_size, devices or [])
+    except RuntimeError as error:
+        if isinstance(error, ShmemError):
+            raise
+        raise ShmemError(f"shmem.init({backend!r}): {error}") from None
     _generation[0] += 1
+
+
+_finalize_hooks: list = []
+
+
+def _on_finalize(hook) -> None:
+    """Runs ``hook()`` before every :func:`finalize` (the runtime drops launch plans that
+    point into the heaps)."""
+    _finalize_hooks.append(hook)
 
 
 def finalize() -> None:
     """Releases every heap. Symmetric addresses become invalid."""
     _require_init()
+    for hook in _finalize_hooks:
+        hook()
     _lib.finalize()
 
 
@@ -182,6 +256,13 @@ def heap_size() -> int:
     """Bytes per PE heap."""
     _require_init()
     return _lib.heap_size()
+
+
+def device_of(pe: int) -> int:
+    """GPU of PE ``pe`` (``cuda``), or -1 (``host``: host memory)."""
+    _require_init()
+    _check_pe(pe)
+    return _lib.device_of(int(pe))
 
 
 def _require_init() -> None:
@@ -323,7 +404,7 @@ def calloc(nmemb: int, size: int) -> int:
         raise ValueError(f"shmem.calloc: counts must be >= 0, got nmemb={nmemb}, size={size}")
     addr = malloc(nmemb * size)
     if addr:
-        ctypes.memset(addr, 0, nmemb * size)
+        _lib.memset(my_pe(), addr, 0, nmemb * size)
         barrier_all()
     return addr
 
@@ -361,7 +442,18 @@ def ptr(addr: int, pe: int) -> int:
 
 
 def as_array(addr: int, shape: int | tuple[int, ...], dtype) -> np.ndarray:
-    """A NumPy view of host memory at ``addr`` (no copy)."""
+    """A NumPy view of host memory at ``addr`` (no copy).
+
+    Raises:
+      ShmemError: ``addr`` is in a GPU heap (copy it with :func:`getmem` instead).
+    """
+    if _lib.initialized():
+        owner = _lib.pe_of(int(addr))
+        if owner >= 0 and _lib.device_of(owner) >= 0:
+            raise ShmemError(
+                f"shmem.as_array: 0x{int(addr):x} is GPU memory (the heap of PE {owner}); "
+                "copy it into a host array with shmem.getmem"
+            )
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -387,50 +479,54 @@ def _check_nbytes(nbytes: int, fn: str) -> None:
 def putmem(dest: int, source: int, nbytes: int, pe: int) -> None:
     """Copies ``nbytes`` from local ``source`` to symmetric ``dest`` on PE ``pe``."""
     _check_nbytes(nbytes, "putmem")
-    _lib.memcpy(_remote(dest, pe, "putmem: dest"), int(source), nbytes)
+    _lib.copy(my_pe(), _remote(dest, pe, "putmem: dest"), int(source), nbytes, True)
 
 
 def getmem(dest: int, source: int, nbytes: int, pe: int) -> None:
     """Copies ``nbytes`` from symmetric ``source`` on PE ``pe`` to local ``dest``."""
     _check_nbytes(nbytes, "getmem")
-    _lib.memcpy(int(dest), _remote(source, pe, "getmem: source"), nbytes)
+    _lib.copy(my_pe(), int(dest), _remote(source, pe, "getmem: source"), nbytes, True)
 
 
 def putmem_nbi(dest: int, source: int, nbytes: int, pe: int) -> None:
-    """Non-blocking :func:`putmem`: complete after :func:`quiet` (immediate on `host`)."""
-    putmem(dest, source, nbytes, pe)
+    """Non-blocking :func:`putmem`: complete after :func:`quiet` (immediate on `host`);
+    ``source`` must not change before then."""
+    _check_nbytes(nbytes, "putmem_nbi")
+    _lib.copy(my_pe(), _remote(dest, pe, "putmem_nbi: dest"), int(source), nbytes, False)
 
 
 def getmem_nbi(dest: int, source: int, nbytes: int, pe: int) -> None:
-    """Non-blocking :func:`getmem`: complete after :func:`quiet` (immediate on `host`)."""
-    getmem(dest, source, nbytes, pe)
+    """Non-blocking :func:`getmem`: ``dest`` holds the data after :func:`quiet`
+    (immediate on `host`)."""
+    _check_nbytes(nbytes, "getmem_nbi")
+    _lib.copy(my_pe(), int(dest), _remote(source, pe, "getmem_nbi: source"), nbytes, False)
 
 
 def signal_op(sig_addr: int, signal: int, sig_op: SignalOp, pe: int) -> None:
     """Atomically sets or adds ``signal`` to the 64-bit signal ``sig_addr`` on PE ``pe``."""
     op = SignalOp(sig_op)
-    _lib.signal_op(_remote(sig_addr, pe, "signal_op: sig_addr"), int(signal), int(op), 8)
+    _lib.signal(my_pe(), _remote(sig_addr, pe, "signal_op: sig_addr"), int(signal), int(op), 8)
 
 
 def putmem_signal(
     dest: int, source: int, nbytes: int, sig_addr: int, signal: int, sig_op: SignalOp, pe: int
 ) -> None:
     """:func:`putmem`, then (ordered after the data) :func:`signal_op` on the same PE."""
-    putmem(dest, source, nbytes, pe)
-    _lib.fence()
-    signal_op(sig_addr, signal, sig_op, pe)
+    putmem_nbi(dest, source, nbytes, pe)
+    signal_op(sig_addr, signal, sig_op, pe)  # the backend orders it after the copy
 
 
 def putmem_signal_nbi(
     dest: int, source: int, nbytes: int, sig_addr: int, signal: int, sig_op: SignalOp, pe: int
 ) -> None:
-    """Non-blocking :func:`putmem_signal` (immediate on `host`)."""
+    """:func:`putmem_signal` (the signal is visible on return, so it completes at once)."""
     putmem_signal(dest, source, nbytes, sig_addr, signal, sig_op, pe)
 
 
 def signal_fetch(sig_addr: int) -> int:
     """Reads the local 64-bit signal at ``sig_addr`` (acquire)."""
-    return _lib.signal_fetch(_lib.heap_base(my_pe()) + _offset_of(sig_addr, "signal_fetch"), 8)
+    me = my_pe()
+    return _lib.load(me, _lib.heap_base(me) + _offset_of(sig_addr, "signal_fetch"), 8)
 
 
 def signal_wait_until(sig_addr: int, cmp: Cmp, cmp_value: int, timeout: float | None = None) -> int:
@@ -444,26 +540,27 @@ def signal_wait_until(sig_addr: int, cmp: Cmp, cmp_value: int, timeout: float | 
         the message names the PE, the address, the expected and the seen value.
     """
     cmp = Cmp(cmp)
-    addr = _lib.heap_base(my_pe()) + _offset_of(int(sig_addr), "signal_wait_until: sig_addr")
-    who = f"PE {my_pe()} signal_wait_until"
+    me = my_pe()
+    addr = _lib.heap_base(me) + _offset_of(int(sig_addr), "signal_wait_until: sig_addr")
+    who = f"PE {me} signal_wait_until"
     timeout = wait_timeout() if timeout is None else timeout
-    _lib.wait_flags([addr], 8, False, int(cmp), int(cmp_value), float(timeout), who)
-    return _lib.signal_fetch(addr, 8)
+    _lib.wait(me, [addr], 8, False, int(cmp), int(cmp_value), float(timeout), who)
+    return _lib.load(me, addr, 8)
 
 
 def quiet() -> None:
     """Completes this PE's outstanding puts and gets."""
-    _lib.fence()
+    _lib.quiet(my_pe())
 
 
 def fence() -> None:
-    """Orders this PE's puts to each PE."""
-    _lib.fence()
+    """Orders this PE's puts to each PE (completes them: a stronger guarantee)."""
+    _lib.quiet(my_pe())
 
 
 def barrier_all() -> None:
     """Collective: waits for every PE and completes outstanding RMA."""
-    _lib.fence()
+    _lib.quiet(my_pe())
     _world_exchange(0, "shmem.barrier_all")
 
 
@@ -585,7 +682,7 @@ def team_sync(team: Team) -> None:
     me = team.index_of(my_pe())
     if me < 0:
         raise ShmemError(f"PE {my_pe()} is not a member of {team!r}")
-    _lib.fence()
+    _lib.quiet(my_pe())
     _exchange(team.key, team.size, me, 0, "shmem.team_sync")
 
 

@@ -3,189 +3,46 @@
 #include <sys/mman.h>
 
 #include <atomic>
-#include <chrono>
-#include <cinttypes>
-#include <cstdio>
-#include <thread>
+#include <cstring>
 
 namespace jtd::shmem {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-Clock::time_point Deadline(double timeout_s) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
-}
-
-size_t AlignUp(size_t value, size_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
-
-}  // namespace
-
-// ---------------------------------------------------------------------------
-// Heaps
-// ---------------------------------------------------------------------------
-
-HostBackend::HostBackend(int n_pes, size_t heap_size)
-    : n_pes_(n_pes), heap_size_(heap_size) {
-  heaps_.reserve(n_pes);
+HostBackend::HostBackend(int n_pes, size_t heap_size) : Backend(n_pes, heap_size) {
   for (int pe = 0; pe < n_pes; ++pe) {
-    // Pages are committed lazily, so a large heap costs only what is used.
     void* heap = mmap(nullptr, heap_size, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (heap == MAP_FAILED) {
-      for (void* h : heaps_) munmap(h, heap_size);
-      throw ShmemError("shmem.init: could not map a heap of " +
-                       std::to_string(heap_size) + " bytes for PE " +
-                       std::to_string(pe) +
+      for (uintptr_t base : bases_) munmap(reinterpret_cast<void*>(base), heap_size);
+      throw ShmemError("shmem.init: could not map a heap of " + std::to_string(heap_size) +
+                       " bytes for PE " + std::to_string(pe) +
                        " (lower heap_size / JTD_SHMEM_HEAP_SIZE)");
     }
-    heaps_.push_back(heap);
+    bases_.push_back(reinterpret_cast<uintptr_t>(heap));
   }
-  free_[0] = heap_size;
 }
 
 HostBackend::~HostBackend() {
-  for (void* h : heaps_) munmap(h, heap_size_);
+  for (uintptr_t base : bases_) munmap(reinterpret_cast<void*>(base), heap_size());
 }
 
-uintptr_t HostBackend::heap_base(int pe) const {
-  return reinterpret_cast<uintptr_t>(heaps_.at(pe));
+void HostBackend::copy(int, uintptr_t dst, uintptr_t src, size_t nbytes, bool) {
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
 }
 
-int HostBackend::pe_of(uintptr_t addr) const {
-  for (int pe = 0; pe < n_pes_; ++pe) {
-    uintptr_t base = heap_base(pe);
-    if (addr >= base && addr < base + heap_size_) return pe;
-  }
-  return -1;
+void HostBackend::memset(int, uintptr_t addr, int byte, size_t nbytes) {
+  std::memset(reinterpret_cast<void*>(addr), byte, nbytes);
 }
 
-// ---------------------------------------------------------------------------
-// Allocator: first fit over a free list of offsets, shared by all heaps.
-// ---------------------------------------------------------------------------
-
-size_t HostBackend::alloc(size_t size, size_t alignment) {
-  std::lock_guard<std::mutex> lock(alloc_mu_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    size_t start = AlignUp(it->first, alignment);
-    size_t end = it->first + it->second;
-    if (start + size > end) continue;
-    size_t block_start = it->first;
-    free_.erase(it);
-    if (start > block_start) free_[block_start] = start - block_start;
-    if (start + size < end) free_[start + size] = end - (start + size);
-    used_[start] = size;
-    return start;
-  }
-  throw ShmemError("heap exhausted");
+void HostBackend::signal_op(int, uintptr_t addr, uint64_t value, SignalOp op, int itemsize) {
+  fence();  // ordered after this PE's earlier copies
+  jtd::shmem::signal_op(addr, value, op, itemsize);
 }
 
-size_t HostBackend::release(size_t offset) {
-  std::lock_guard<std::mutex> lock(alloc_mu_);
-  auto it = used_.find(offset);
-  if (it == used_.end()) return 0;
-  size_t size = it->second;
-  used_.erase(it);
-  auto [block, inserted] = free_.emplace(offset, size);
-  // Merge with the following and the preceding free blocks.
-  auto next = std::next(block);
-  if (next != free_.end() && block->first + block->second == next->first) {
-    block->second += next->second;
-    free_.erase(next);
-  }
-  if (block != free_.begin()) {
-    auto prev = std::prev(block);
-    if (prev->first + prev->second == block->first) {
-      prev->second += block->second;
-      free_.erase(block);
-    }
-  }
-  return size;
+uint64_t HostBackend::load(int, uintptr_t addr, int itemsize) {
+  return signal_fetch(addr, itemsize);
 }
 
-size_t HostBackend::allocated_bytes() const {
-  std::lock_guard<std::mutex> lock(alloc_mu_);
-  size_t total = 0;
-  for (const auto& [offset, size] : used_) total += size;
-  return total;
-}
-
-size_t HostBackend::largest_free_block() const {
-  std::lock_guard<std::mutex> lock(alloc_mu_);
-  size_t best = 0;
-  for (const auto& [offset, size] : free_) best = std::max(best, size);
-  return best;
-}
-
-// ---------------------------------------------------------------------------
-// Rendezvous
-// ---------------------------------------------------------------------------
-
-std::vector<int64_t> HostBackend::exchange(int64_t key, int members, int index,
-                                           int64_t value, double timeout_s) {
-  if (members <= 0 || index < 0 || index >= members) {
-    throw std::invalid_argument("exchange: index " + std::to_string(index) +
-                                " out of range for " +
-                                std::to_string(members) + " members");
-  }
-  std::unique_lock<std::mutex> lock(rv_mu_);
-  Rendezvous& rv = rendezvous_[key];
-  if (rv.members == 0) {
-    rv.members = members;
-    rv.next_gen.assign(members, 0);
-  } else if (rv.members != members) {
-    throw ShmemError("rendezvous " + std::to_string(key) + " joined with " +
-                     std::to_string(members) + " members, but it has " +
-                     std::to_string(rv.members));
-  }
-  const uint64_t gen = rv.next_gen[index];
-  Round& round = rv.rounds[gen];
-  if (round.values.empty()) {
-    round.values.assign(members, 0);
-    round.present.assign(members, false);
-  }
-  round.values[index] = value;
-  round.present[index] = true;
-  if (++round.arrived == members) {
-    round.complete = true;
-    rv_cv_.notify_all();
-  }
-  auto deadline = Deadline(timeout_s);
-  while (!round.complete && !round.failed) {
-    if (rv_cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        !round.complete && !round.failed) {
-      std::string missing;
-      for (int i = 0; i < members; ++i) {
-        if (!round.present[i]) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(i);
-        }
-      }
-      char buf[160];
-      std::snprintf(buf, sizeof(buf),
-                    "timed out after %.1f s: %d of %d members arrived, missing: ",
-                    timeout_s, round.arrived, members);
-      round.failed = true;
-      round.error = std::string(buf) + missing;
-      rv_cv_.notify_all();
-    }
-  }
-  rv.next_gen[index] = gen + 1;
-  if (round.failed) {
-    std::string error = round.error;
-    if (++round.departed == members) rv.rounds.erase(gen);
-    throw ShmemTimeout(error);
-  }
-  std::vector<int64_t> result = round.values;
-  if (++round.departed == members) rv.rounds.erase(gen);
-  return result;
-}
-
-// ---------------------------------------------------------------------------
-// Signals and waits
-// ---------------------------------------------------------------------------
+void HostBackend::quiet(int) { fence(); }
 
 namespace {
 
@@ -196,13 +53,6 @@ void AtomicSignal(uintptr_t addr, T value, SignalOp op) {
     word->store(value, std::memory_order_release);
   } else {
     word->fetch_add(value, std::memory_order_acq_rel);
-  }
-}
-
-void CheckItemsize(int itemsize) {
-  if (itemsize != 4 && itemsize != 8) {
-    throw std::invalid_argument("signals and flags must be 32- or 64-bit integers, got " +
-                                std::to_string(itemsize) + " bytes");
   }
 }
 
@@ -225,79 +75,10 @@ uint64_t signal_fetch(uintptr_t addr, int itemsize) {
   return reinterpret_cast<std::atomic<uint32_t>*>(addr)->load(std::memory_order_acquire);
 }
 
-namespace {
-
-int64_t LoadFlag(uintptr_t addr, int itemsize, bool is_signed) {
-  if (itemsize == 8) {
-    uint64_t v = reinterpret_cast<std::atomic<uint64_t>*>(addr)->load(
-        std::memory_order_acquire);
-    return static_cast<int64_t>(v);
-  }
-  uint32_t v = reinterpret_cast<std::atomic<uint32_t>*>(addr)->load(
-      std::memory_order_acquire);
-  return is_signed ? static_cast<int64_t>(static_cast<int32_t>(v))
-                   : static_cast<int64_t>(v);
-}
-
-bool Compare(int64_t seen, Cmp cmp, int64_t value, bool is_signed) {
-  if (!is_signed) {
-    uint64_t s = static_cast<uint64_t>(seen), v = static_cast<uint64_t>(value);
-    switch (cmp) {
-      case Cmp::kEq: return s == v;
-      case Cmp::kNe: return s != v;
-      case Cmp::kGt: return s > v;
-      case Cmp::kGe: return s >= v;
-      case Cmp::kLt: return s < v;
-      case Cmp::kLe: return s <= v;
-    }
-  }
-  switch (cmp) {
-    case Cmp::kEq: return seen == value;
-    case Cmp::kNe: return seen != value;
-    case Cmp::kGt: return seen > value;
-    case Cmp::kGe: return seen >= value;
-    case Cmp::kLt: return seen < value;
-    case Cmp::kLe: return seen <= value;
-  }
-  return false;
-}
-
-const char* CmpName(Cmp cmp) {
-  static const char* names[] = {"==", "!=", ">", ">=", "<", "<="};
-  return names[static_cast<int>(cmp)];
-}
-
-}  // namespace
-
-void wait_flags(const std::vector<uintptr_t>& addrs, int itemsize,
-                bool is_signed, Cmp cmp, int64_t value, double timeout_s,
-                const std::string& who) {
-  CheckItemsize(itemsize);
-  const auto deadline = Deadline(timeout_s);
-  for (size_t i = 0; i < addrs.size(); ++i) {
-    int spins = 0;
-    while (true) {
-      int64_t seen = LoadFlag(addrs[i], itemsize, is_signed);
-      if (Compare(seen, cmp, value, is_signed)) break;
-      if (++spins < 64) continue;
-      if (Clock::now() > deadline) {
-        char buf[512];
-        std::snprintf(buf, sizeof(buf),
-                      "%s: wait timed out after %.1f s on flag %zu of %zu "
-                      "(address 0x%" PRIxPTR "): expected value %s %" PRId64
-                      ", saw %" PRId64,
-                      who.c_str(), timeout_s, i, addrs.size(), addrs[i],
-                      CmpName(cmp), value, seen);
-        throw ShmemTimeout(buf);
-      }
-      // Back off: other PEs are threads of this process and need the cores.
-      if (spins < 256) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
-  }
+void wait_flags(const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed, Cmp cmp,
+                int64_t value, double timeout_s, const std::string& who) {
+  WaitUntil([itemsize](uintptr_t addr) { return signal_fetch(addr, itemsize); }, addrs,
+            itemsize, is_signed, cmp, value, timeout_s, who);
 }
 
 void fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }

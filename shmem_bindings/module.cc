@@ -4,10 +4,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <cstring>
 #include <memory>
 
 #include "host_backend.h"
+#ifdef JTD_WITH_CUDA
+#include "cuda_backend.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -24,13 +26,36 @@ Backend& Get() {
   return *g_backend;
 }
 
-void Init(const std::string& backend, int n_pes, size_t heap_size) {
+void Init(const std::string& backend, int n_pes, size_t heap_size,
+          const std::vector<int>& devices) {
   if (g_backend) throw ShmemError("SHMEM is already initialised");
-  if (backend != "host") {
-    throw std::invalid_argument("unknown SHMEM backend '" + backend +
-                                "' (this build has: host)");
+  if (backend == "host") {
+    g_backend = std::make_unique<HostBackend>(n_pes, heap_size);
+    return;
   }
-  g_backend = std::make_unique<HostBackend>(n_pes, heap_size);
+  if (backend == "cuda") {
+#ifdef JTD_WITH_CUDA
+    if (static_cast<int>(devices.size()) != n_pes) {
+      throw std::invalid_argument("shmem.init: the cuda backend needs one device per PE (" +
+                                  std::to_string(n_pes) + " PEs, " +
+                                  std::to_string(devices.size()) + " devices)");
+    }
+    g_backend = std::make_unique<CudaBackend>(devices, heap_size);
+    return;
+#else
+    throw ShmemError("this build of jax_triton_dist has no cuda SHMEM backend (it was built "
+                     "without the CUDA headers)");
+#endif
+  }
+  throw std::invalid_argument("unknown SHMEM backend '" + backend + "'");
+}
+
+bool HasCuda() {
+#ifdef JTD_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace
@@ -44,7 +69,8 @@ NB_MODULE(_shmem, m) {
   nb::exception<ShmemTimeout>(m, "ShmemTimeoutError", shmem_error.ptr());
 
   // Lifetime.
-  m.def("init", &Init, "backend"_a, "n_pes"_a, "heap_size"_a);
+  m.def("init", &Init, "backend"_a, "n_pes"_a, "heap_size"_a, "devices"_a);
+  m.def("has_cuda", &HasCuda);
   m.def("finalize", [] { g_backend.reset(); });
   m.def("initialized", [] { return g_backend != nullptr; });
   m.def("backend_name", [] { return std::string(Get().name()); });
@@ -54,6 +80,7 @@ NB_MODULE(_shmem, m) {
   m.def("heap_size", [] { return Get().heap_size(); });
   m.def("heap_base", [](int pe) { return Get().heap_base(pe); }, "pe"_a);
   m.def("pe_of", [](uintptr_t addr) { return Get().pe_of(addr); }, "addr"_a);
+  m.def("device_of", [](int pe) { return Get().device_of(pe); }, "pe"_a);
 
   // Allocator (offsets shared by all heaps).
   m.def("alloc", [](size_t size, size_t alignment) { return Get().alloc(size, alignment); },
@@ -72,14 +99,60 @@ NB_MODULE(_shmem, m) {
       },
       "key"_a, "members"_a, "index"_a, "value"_a, "timeout_s"_a);
 
-  // Memory and atomics on host addresses.
+  // Memory operations of the active backend, issued by PE `pe`.
   m.def(
-      "memcpy",
-      [](uintptr_t dst, uintptr_t src, size_t nbytes) {
+      "copy",
+      [](int pe, uintptr_t dst, uintptr_t src, size_t nbytes, bool blocking) {
+        Backend& backend = Get();
         nb::gil_scoped_release release;
-        std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+        backend.copy(pe, dst, src, nbytes, blocking);
       },
-      "dst"_a, "src"_a, "nbytes"_a);
+      "pe"_a, "dst"_a, "src"_a, "nbytes"_a, "blocking"_a = true);
+  m.def(
+      "memset",
+      [](int pe, uintptr_t addr, int byte, size_t nbytes) {
+        Backend& backend = Get();
+        nb::gil_scoped_release release;
+        backend.memset(pe, addr, byte, nbytes);
+      },
+      "pe"_a, "addr"_a, "byte"_a, "nbytes"_a);
+  m.def(
+      "signal",
+      [](int pe, uintptr_t addr, uint64_t value, int op, int itemsize) {
+        Backend& backend = Get();
+        nb::gil_scoped_release release;
+        backend.signal_op(pe, addr, value, static_cast<SignalOp>(op), itemsize);
+      },
+      "pe"_a, "addr"_a, "value"_a, "op"_a, "itemsize"_a);
+  m.def(
+      "load",
+      [](int pe, uintptr_t addr, int itemsize) {
+        Backend& backend = Get();
+        nb::gil_scoped_release release;
+        return backend.load(pe, addr, itemsize);
+      },
+      "pe"_a, "addr"_a, "itemsize"_a);
+  m.def(
+      "quiet",
+      [](int pe) {
+        Backend& backend = Get();
+        nb::gil_scoped_release release;
+        backend.quiet(pe);
+      },
+      "pe"_a);
+  m.def(
+      "wait",
+      [](int pe, std::vector<uintptr_t> addrs, int itemsize, bool is_signed, int cmp,
+         int64_t value, double timeout_s, std::string who) {
+        Backend& backend = Get();
+        nb::gil_scoped_release release;
+        backend.wait(pe, addrs, itemsize, is_signed, static_cast<Cmp>(cmp), value, timeout_s,
+                     who);
+      },
+      "pe"_a, "addrs"_a, "itemsize"_a, "is_signed"_a, "cmp"_a, "value"_a, "timeout_s"_a,
+      "who"_a);
+
+  // Atomics on host memory (the Triton interpreter's `dl` primitives).
   m.def(
       "signal_op",
       [](uintptr_t addr, uint64_t value, int op, int itemsize) {

@@ -1,4 +1,8 @@
-"""SHMEM host API conformance, by the categories of the OpenSHMEM test suites."""
+"""SHMEM host API conformance, by the categories of the OpenSHMEM test suites.
+
+Tests that take the ``world`` fixture run on every backend: ``host`` everywhere, ``cuda``
+(all PEs' heaps on GPU 0, gpu-marked) where a GPU is present.
+"""
 
 import ctypes
 import threading
@@ -13,15 +17,45 @@ from jax_triton_dist import _shmem, shmem
 HEAP = 8 << 20
 
 
+def _have_gpu():
+    try:
+        from jax_triton_dist import _cuda
+    except ImportError:
+        return False
+    return _cuda.available() and _shmem.has_cuda()
+
+
+@pytest.fixture(params=["host", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not _have_gpu(), reason="needs a GPU")])])
+def backend(request):
+    return request.param
+
+
 @pytest.fixture
-def world(request):
-    """SHMEM with ``request.param`` PEs (default 4), finalised afterwards."""
+def world(request, backend):
+    """SHMEM with ``request.param`` PEs (default 4) on ``backend``, finalised afterwards."""
     n = getattr(request, "param", 4)
     if shmem.init_status() == shmem.InitStatus.INITIALIZED:
         shmem.finalize()
-    shmem.init(n_pes=n, heap_size=HEAP)
+    if backend == "cuda":
+        shmem.init(n_pes=n, heap_size=HEAP, backend="cuda", devices=[0] * n)
+    else:
+        shmem.init(n_pes=n, heap_size=HEAP, backend="host")
     yield n
     shmem.finalize()
+
+
+def write_local(addr, array):
+    """Stores ``array`` at ``addr`` of the calling PE's heap (any backend)."""
+    array = np.ascontiguousarray(array)
+    shmem.putmem(addr, array.ctypes.data, array.nbytes, shmem.my_pe())
+
+
+def read_at(addr, shape, dtype):
+    """A host copy of the memory at ``addr`` (any heap, any backend)."""
+    out = np.empty(shape, dtype)
+    _shmem.copy(shmem.my_pe(), out.ctypes.data, addr, out.nbytes)
+    return out
 
 
 @pytest.fixture
@@ -43,7 +77,7 @@ ALL_SIZES = pytest.mark.parametrize("world", [1, 2, 4, 8], indirect=True)
 
 def test_init_status_and_info(no_world):
     assert shmem.init_status() == shmem.InitStatus.NOT_INITIALIZED
-    shmem.init(n_pes=3, heap_size=1 << 20)
+    shmem.init(n_pes=3, heap_size=1 << 20, backend="host")
     assert shmem.init_status() == shmem.InitStatus.INITIALIZED
     assert shmem.n_pes() == 3
     assert shmem.backend() == "host"
@@ -56,13 +90,13 @@ def test_init_status_and_info(no_world):
 def test_default_pes_are_the_cpu_devices(no_world):
     import jax
 
-    shmem.init(heap_size=1 << 20)
+    shmem.init(heap_size=1 << 20, backend="host")
     assert shmem.n_pes() == jax.local_device_count("cpu") == 8
 
 
 def test_heap_size_from_environment(no_world, monkeypatch):
     monkeypatch.setenv(shmem.HEAP_SIZE_ENV, "3M")
-    shmem.init(n_pes=2)
+    shmem.init(n_pes=2, backend="host")
     assert shmem.heap_size() == 3 << 20
 
 
@@ -70,6 +104,52 @@ def test_bad_heap_size_environment(no_world, monkeypatch):
     monkeypatch.setenv(shmem.HEAP_SIZE_ENV, "lots")
     with pytest.raises(ValueError, match="JTD_SHMEM_HEAP_SIZE='lots' is not a size"):
         shmem.init(n_pes=2)
+
+
+def test_backend_from_environment(no_world, monkeypatch):
+    monkeypatch.setenv(shmem.BACKEND_ENV, "host")
+    shmem.init(n_pes=2, heap_size=1 << 20)
+    assert shmem.backend() == "host"
+    assert shmem.device_of(1) == -1
+
+
+def test_backend_argument_errors(no_world):
+    with pytest.raises(ValueError, match="unknown backend 'mpi'"):
+        shmem.init(n_pes=2, backend="mpi")
+    with pytest.raises(ValueError, match="devices= is for the cuda backend"):
+        shmem.init(n_pes=2, backend="host", devices=[0, 1])
+    if "cuda" in shmem.available_backends():
+        with pytest.raises(ValueError, match="3 devices given for 2 PEs"):
+            shmem.init(n_pes=2, backend="cuda", devices=[0, 0, 0])
+    else:
+        with pytest.raises(shmem.ShmemError, match="no 'cuda' backend"):
+            shmem.init(n_pes=2, backend="cuda")
+    assert shmem.init_status() == shmem.InitStatus.NOT_INITIALIZED
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _have_gpu(), reason="needs a GPU")
+def test_cuda_heap_grows_on_demand_and_is_device_memory(no_world):
+    shmem.init(n_pes=2, heap_size=256 << 20, backend="cuda", devices=[0, 0])
+    assert shmem.backend() == "cuda" and shmem.device_of(1) == 0
+    rng = np.random.default_rng(0)
+    blocks = [rng.standard_normal(10 << 20 >> 2).astype(np.float32) for _ in range(6)]
+
+    def program(pe):
+        bufs = [shmem.malloc(b.nbytes) for b in blocks]  # 60 MiB: more than one growth step
+        for buf, block in zip(bufs, blocks):
+            shmem.putmem(buf, (block + pe).ctypes.data, block.nbytes, 1 - pe)
+        shmem.barrier_all()
+        ok = all(np.array_equal(read_at(buf, block.shape, block.dtype), block + (1 - pe))
+                 for buf, block in zip(bufs, blocks))
+        with pytest.raises(shmem.ShmemError, match="is GPU memory"):
+            shmem.as_array(bufs[0], 4, np.float32)
+        shmem.barrier_all()
+        for buf in reversed(bufs):
+            shmem.free(buf)
+        return ok
+
+    assert run_pes(program, 2) == [True, True]
 
 
 def test_double_init_fails(world):
@@ -142,10 +222,9 @@ def test_malloc_is_symmetric(world):
 def test_ptr_translates_between_heaps(world):
     def program(pe):
         buf = shmem.malloc(64)
-        mine = shmem.as_array(buf, 8, np.int64)
-        mine[:] = pe * 100 + np.arange(8)
+        write_local(buf, pe * 100 + np.arange(8))
         shmem.barrier_all()
-        seen = [int(shmem.as_array(shmem.ptr(buf, p), 8, np.int64)[3]) for p in range(world)]
+        seen = [int(read_at(shmem.ptr(buf, p), 8, np.int64)[3]) for p in range(world)]
         shmem.barrier_all()
         shmem.free(buf)
         return seen
@@ -157,11 +236,11 @@ def test_ptr_translates_between_heaps(world):
 def test_calloc_is_zero_after_reuse(world):
     def program(pe):
         dirty = shmem.malloc(4096)
-        shmem.as_array(dirty, 4096, np.uint8)[:] = 0xAB
+        write_local(dirty, np.full(4096, 0xAB, np.uint8))
         shmem.barrier_all()
         shmem.free(dirty)
         clean = shmem.calloc(512, 8)
-        values = shmem.as_array(clean, 512, np.int64).copy()
+        values = read_at(clean, 512, np.int64)
         shmem.free(clean)
         return clean == dirty, values
 
@@ -278,7 +357,7 @@ def test_putmem_all_to_all(world, nbi):
             put(dest + pe * 37 * 4, src.ctypes.data, src.nbytes, peer)
         shmem.quiet()
         shmem.barrier_all()
-        got = shmem.as_array(dest, (world, 37), np.float32).copy()
+        got = read_at(dest, (world, 37), np.float32)
         shmem.barrier_all()
         shmem.free(dest)
         return got
@@ -296,7 +375,7 @@ def test_getmem_from_every_pe(world, nbi):
 
     def program(pe):
         src = shmem.malloc(53 * 4)
-        shmem.as_array(src, 53, np.int32)[:] = data[pe]
+        write_local(src, data[pe])
         shmem.barrier_all()
         out = np.zeros((world, 53), np.int32)
         for peer in range(world):
@@ -379,7 +458,7 @@ def test_putmem_signal_orders_data_before_signal(world):
             shmem.putmem_signal(buf, src.ctypes.data, src.nbytes, sig, rnd,
                                 shmem.SignalOp.SET, dst)
             shmem.signal_wait_until(sig, shmem.Cmp.GE, rnd)
-            got = shmem.as_array(buf, 4096, np.float64).copy()
+            got = read_at(buf, 4096, np.float64)
             np.testing.assert_array_equal(got, data[(pe - 1) % world])
             shmem.barrier_all()
         shmem.free(sig)

@@ -10,7 +10,6 @@
 // XLA's stream. The first call of a (call site, device) asks the Python planner
 // (jax_triton_dist/runtime/cuda_dispatch.py) for a launch plan.
 #include <cuda.h>
-#include <dlfcn.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -26,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_driver.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -35,126 +35,11 @@ using namespace nb::literals;
 namespace jtd::cuda {
 namespace {
 
-// ---------------------------------------------------------------------------
-// The driver API, loaded at run time
-// ---------------------------------------------------------------------------
+using cuda_driver::Check;
+using cuda_driver::DeviceScope;
+using cuda_driver::ErrorText;
 
-struct Driver {
-  CUresult (*cuInit)(unsigned);
-  CUresult (*cuGetErrorString)(CUresult, const char**);
-  CUresult (*cuDeviceGet)(CUdevice*, int);
-  CUresult (*cuDeviceGetCount)(int*);
-  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
-  CUresult (*cuCtxPushCurrent)(CUcontext);
-  CUresult (*cuCtxPopCurrent)(CUcontext*);
-  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
-  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
-  CUresult (*cuModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*);
-  CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
-  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
-  CUresult (*cuMemFree)(CUdeviceptr);
-  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
-  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
-  CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
-  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-  CUresult (*cuStreamSynchronize)(CUstream);
-  CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void**, void**);
-  CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
-  CUresult (*cuStreamCreate)(CUstream*, unsigned);
-  CUresult (*cuStreamDestroy)(CUstream);
-  CUresult (*cuDeviceCanAccessPeer)(int*, CUdevice, CUdevice);
-};
-
-std::string g_load_error;
-
-template <typename T>
-bool Resolve(void* lib, T*& fn, const char* name, const char* alt = nullptr) {
-  void* sym = dlsym(lib, name);
-  if (sym == nullptr && alt != nullptr) sym = dlsym(lib, alt);
-  fn = reinterpret_cast<T*>(sym);
-  if (sym == nullptr) g_load_error = std::string("libcuda has no ") + name;
-  return sym != nullptr;
-}
-
-const Driver* LoadDriver() {
-  static const Driver* driver = [] () -> const Driver* {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) {
-      g_load_error = "libcuda.so.1 not found (no NVIDIA driver on this machine)";
-      return nullptr;
-    }
-    auto* d = new Driver();
-    bool ok = Resolve(lib, d->cuInit, "cuInit") &&
-              Resolve(lib, d->cuGetErrorString, "cuGetErrorString") &&
-              Resolve(lib, d->cuDeviceGet, "cuDeviceGet") &&
-              Resolve(lib, d->cuDeviceGetCount, "cuDeviceGetCount") &&
-              Resolve(lib, d->cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") &&
-              Resolve(lib, d->cuCtxPushCurrent, "cuCtxPushCurrent_v2", "cuCtxPushCurrent") &&
-              Resolve(lib, d->cuCtxPopCurrent, "cuCtxPopCurrent_v2", "cuCtxPopCurrent") &&
-              Resolve(lib, d->cuModuleLoadData, "cuModuleLoadData") &&
-              Resolve(lib, d->cuModuleGetFunction, "cuModuleGetFunction") &&
-              Resolve(lib, d->cuModuleGetGlobal, "cuModuleGetGlobal_v2", "cuModuleGetGlobal") &&
-              Resolve(lib, d->cuFuncSetAttribute, "cuFuncSetAttribute") &&
-              Resolve(lib, d->cuMemAlloc, "cuMemAlloc_v2", "cuMemAlloc") &&
-              Resolve(lib, d->cuMemFree, "cuMemFree_v2", "cuMemFree") &&
-              Resolve(lib, d->cuMemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD") &&
-              Resolve(lib, d->cuMemcpyDtoH, "cuMemcpyDtoH_v2", "cuMemcpyDtoH") &&
-              Resolve(lib, d->cuMemsetD8, "cuMemsetD8_v2", "cuMemsetD8") &&
-              Resolve(lib, d->cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync") &&
-              Resolve(lib, d->cuStreamSynchronize, "cuStreamSynchronize") &&
-              Resolve(lib, d->cuStreamWriteValue32, "cuStreamWriteValue32_v2",
-                      "cuStreamWriteValue32") &&
-              Resolve(lib, d->cuLaunchKernel, "cuLaunchKernel") &&
-              Resolve(lib, d->cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess") &&
-              Resolve(lib, d->cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer") &&
-              Resolve(lib, d->cuStreamCreate, "cuStreamCreate") &&
-              Resolve(lib, d->cuStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy");
-    if (!ok) return nullptr;
-    if (d->cuInit(0) != CUDA_SUCCESS) {
-      g_load_error = "cuInit failed (no usable NVIDIA GPU)";
-      return nullptr;
-    }
-    return d;
-  }();
-  return driver;
-}
-
-const Driver& D() {
-  const Driver* d = LoadDriver();
-  if (d == nullptr) throw std::runtime_error("jax_triton_dist CUDA backend: " + g_load_error);
-  return *d;
-}
-
-std::string ErrorText(CUresult r) {
-  const char* text = nullptr;
-  if (LoadDriver() != nullptr) D().cuGetErrorString(r, &text);
-  return text ? text : ("CUDA error " + std::to_string(static_cast<int>(r)));
-}
-
-void Check(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) throw std::runtime_error(std::string(what) + ": " + ErrorText(r));
-}
-
-// Makes device `ordinal`'s primary context current for the scope.
-class DeviceScope {
- public:
-  explicit DeviceScope(int ordinal) {
-    CUdevice dev;
-    Check(D().cuDeviceGet(&dev, ordinal), "cuDeviceGet");
-    Check(D().cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
-    Check(D().cuCtxPushCurrent(ctx_), "cuCtxPushCurrent");
-  }
-  ~DeviceScope() {
-    CUcontext popped;
-    D().cuCtxPopCurrent(&popped);
-  }
-  CUcontext ctx() const { return ctx_; }
-
- private:
-  CUcontext ctx_ = nullptr;
-};
+const cuda_driver::Table& D() { return cuda_driver::Driver(); }
 
 // ---------------------------------------------------------------------------
 // Launch plans
@@ -278,11 +163,8 @@ NB_MODULE(_cuda, m) {
     targets["jtd_triton"] = nb::capsule(reinterpret_cast<void*>(kCudaLaunch));
     return targets;
   });
-  m.def("available", [] { return LoadDriver() != nullptr; });
-  m.def("unavailable_reason", [] {
-    LoadDriver();
-    return g_load_error;
-  });
+  m.def("available", &jtd::cuda_driver::Available);
+  m.def("unavailable_reason", &jtd::cuda_driver::UnavailableReason);
   m.def("set_planner", [](nb::object planner) {
     if (g_planner == nullptr) g_planner = new nb::object();
     *g_planner = std::move(planner);

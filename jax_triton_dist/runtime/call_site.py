@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from jax_triton_dist import _shmem as _lib
 from jax_triton_dist import shmem
 
-__all__ = ["ArraySpec", "CallSite", "TeamState", "find", "lookup", "register"]
+__all__ = ["ArraySpec", "CallSite", "TeamState", "allocate_region", "find", "lookup",
+           "register"]
 
 ALIGN = 256
 
@@ -151,6 +153,24 @@ class CallSite:
                     )
                 self.cond.wait(remaining)
         return rank, team
+
+
+def allocate_region(site: CallSite, team: TeamState, extra: int = 0) -> int:
+    """The team's symmetric region (``site.region_layout`` plus ``extra`` bytes): one
+    offset reserved in every PE heap, zeroed on the team's members. Returns the offset."""
+    _, _, _, total = site.region_layout
+    total = aligned(total) + extra
+    try:
+        offset = _lib.alloc(total, ALIGN)
+    except shmem.ShmemError as error:
+        raise shmem.ShmemError(
+            f"kernel {site.label}: symmetric heap exhausted: its workspaces need {total} "
+            f"bytes per rank (heap {_lib.heap_size()} bytes, {_lib.allocated_bytes()} in use; "
+            f"{error}); raise {shmem.HEAP_SIZE_ENV}"
+        ) from None
+    for pe in team.pes:
+        _lib.memset(pe, _lib.heap_base(pe) + offset, 0, total)
+    return offset
 
 
 _sites: dict[int, CallSite] = {}

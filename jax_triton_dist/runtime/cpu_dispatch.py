@@ -6,7 +6,6 @@ XLA thread of each CPU device.
 
 from __future__ import annotations
 
-import ctypes
 import inspect
 import threading
 import traceback
@@ -26,29 +25,18 @@ _init_lock = threading.Lock()
 def _ensure_shmem(device_ordinal: int) -> None:
     with _init_lock:
         if not _lib.initialized():
-            shmem.init()
+            shmem.init(backend="host")
+    if _lib.backend_name() != "host":
+        raise shmem.ShmemError(
+            f"SHMEM runs the {_lib.backend_name()!r} backend, but a CPU device runs a "
+            "distributed kernel (it needs 'host'): finalize SHMEM before switching platforms"
+        )
     if device_ordinal >= _lib.n_pes():
         raise shmem.ShmemError(
             f"SHMEM was initialised with {_lib.n_pes()} PEs, but CPU device {device_ordinal} "
             "runs a distributed kernel; initialise with n_pes >= the number of CPU devices "
             "(or let the runtime initialise SHMEM)"
         )
-
-
-def _allocate_host(site: call_site.CallSite, team: call_site.TeamState) -> int:
-    """The team's region: one offset in every PE heap, zeroed on every member."""
-    _, _, _, total = site.region_layout
-    try:
-        offset = _lib.alloc(total, call_site.ALIGN)
-    except shmem.ShmemError:
-        raise shmem.ShmemError(
-            f"kernel {site.label}: symmetric heap exhausted: its workspaces need {total} "
-            f"bytes per rank (heap {_lib.heap_size()} bytes, {_lib.allocated_bytes()} in use); "
-            f"raise {shmem.HEAP_SIZE_ENV}"
-        ) from None
-    for pe in team.pes:
-        ctypes.memset(_lib.heap_base(pe) + offset, 0, total)
-    return offset
 
 
 def _kernel_args(site: call_site.CallSite, pe: int, epoch: int, region: int,
@@ -69,7 +57,7 @@ def _kernel_args(site: call_site.CallSite, pe: int, epoch: int, region: int,
             address = arg_ptrs[value + 1]
             if value in staging:
                 slot = base + staging[value][epoch % 2]
-                _lib.memcpy(slot, address, spec.nbytes)
+                _lib.copy(pe, slot, address, spec.nbytes)
                 address = slot
             args.append(interpreter.Pointer(address, spec.dtype))
     return args
@@ -81,7 +69,7 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
     coords = shmem.as_array(arg_ptrs[0], (len(site.mesh_axes),), np.int32)
     timeout = shmem.wait_timeout()
     rank, team = site.join(tuple(int(c) for c in coords), device_ordinal, timeout,
-                           _allocate_host)
+                           call_site.allocate_region)
     epoch = team.epochs.get(device_ordinal, 0) + 1
     team.epochs[device_ordinal] = epoch
     ctx = context.RankContext(
