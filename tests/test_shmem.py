@@ -137,11 +137,12 @@ def test_cuda_heap_grows_on_demand_and_is_device_memory(no_world):
 
     def program(pe):
         bufs = [shmem.malloc(b.nbytes) for b in blocks]  # 60 MiB: more than one growth step
-        for buf, block in zip(bufs, blocks):
-            shmem.putmem(buf, (block + pe).ctypes.data, block.nbytes, 1 - pe)
+        for buf, block in zip(bufs, blocks, strict=True):
+            mine = block + pe  # keep the source alive through the copy
+            shmem.putmem(buf, mine.ctypes.data, mine.nbytes, 1 - pe)
         shmem.barrier_all()
         ok = all(np.array_equal(read_at(buf, block.shape, block.dtype), block + (1 - pe))
-                 for buf, block in zip(bufs, blocks))
+                 for buf, block in zip(bufs, blocks, strict=True))
         with pytest.raises(shmem.ShmemError, match="is GPU memory"):
             shmem.as_array(bufs[0], 4, np.float32)
         shmem.barrier_all()
