@@ -1,7 +1,8 @@
 """Runs the ranks of a distributed kernel concurrently on one GPU.
 
-Each rank gets its own symmetric region, its own copy of the kernel module (its
-``jtd_ctx`` points at its own rank context) and its own stream; the ranks' launches
+Each rank is a PE of the ``cuda`` SHMEM backend with its heap on the same GPU, and gets
+its own copy of the kernel module (its ``jtd_ctx`` points at its own rank context) and
+its own stream; the ranks' launches
 overlap on the GPU and exchange data and flags through its memory exactly as they would
 across GPUs. This tests the CUDA memory ordering of distributed kernels (release/acquire
 signals, waits, double buffering across calls) where only one GPU is available.
@@ -9,6 +10,10 @@ signals, waits, double buffering across calls) where only one GPU is available.
 The ranks' programs must all be resident at once (``world * num_programs`` no more than
 the GPU's multiprocessors), or their spin waits cannot make progress; the waits'
 watchdog then traps instead of hanging.
+
+SHMEM must hold ``world`` PEs on the GPU: ``run_ranks`` initialises it so (after
+``shmem.finalize()`` if it was initialised otherwise, which drops JAX's launch plans;
+they are made again on the next call).
 
 Example::
 
@@ -30,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from jax_triton_dist import _shmem as _lib
+from jax_triton_dist import shmem
 from jax_triton_dist.runtime import call_site, cuda_dispatch
 
 __all__ = ["run_ranks"]
@@ -37,7 +44,18 @@ __all__ = ["run_ranks"]
 _ids = itertools.count(-1, -1)  # negative: never clash with traced call sites
 
 
-def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs) -> call_site.CallSite:
+def _ensure_world(world: int, device: int) -> None:
+    """SHMEM's ``cuda`` backend with PEs ``0 .. world - 1`` on GPU ``device``."""
+    if _lib.initialized():
+        if (_lib.backend_name() == "cuda" and _lib.n_pes() >= world
+                and all(_lib.device_of(pe) == device for pe in range(world))):
+            return
+        shmem.finalize()
+    shmem.init(n_pes=world, backend="cuda", devices=[device] * world)
+
+
+def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs,
+          symmetric) -> call_site.CallSite:
     def spec(shape, dtype):
         return call_site.ArraySpec(tuple(shape), np.dtype(dtype))
 
@@ -47,14 +65,15 @@ def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs) -> call_site
     return call_site.CallSite(
         kernel=kernel, label=kernel.fn.__name__, grid=tuple(grid), mesh_axes=("x",), axis=0,
         num_ranks=world, params=params, inputs=[spec(a.shape, a.dtype) for a in inputs],
-        symmetric=frozenset(), outputs=[spec(*o) for o in outputs],
+        symmetric=frozenset(symmetric), outputs=[spec(*o) for o in outputs],
         workspaces=[spec(*w) for w in workspaces], kwargs=dict(kwargs))
 
 
 def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],
               outputs: Sequence[tuple[tuple[int, ...], Any]],
               workspaces: Sequence[tuple[tuple[int, ...], Any]], grid: Sequence[int],
-              kwargs: dict[str, Any], calls: int = 1, device: int = 0) -> list:
+              kwargs: dict[str, Any], calls: int = 1, device: int = 0,
+              symmetric: Sequence[int] = ()) -> list:
     """Runs ``calls`` consecutive calls of ``kernel`` on ``world`` ranks of GPU ``device``.
 
     Args:
@@ -67,6 +86,8 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
       kwargs: the kernel's keyword arguments (constexprs, scalars).
       calls: consecutive calls; workspaces persist and epochs advance as under JAX.
       device: the GPU.
+      symmetric: indices of inputs staged into the symmetric heap before each launch
+        (``triton_call``'s ``symmetric=``), alternating between two slots by call parity.
 
     Returns:
       ``results[call][rank][output]`` as NumPy arrays.
@@ -74,9 +95,10 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     _cuda = cuda_dispatch._cuda
     if _cuda is None or not _cuda.available():
         raise RuntimeError("one_gpu.run_ranks needs the CUDA launcher and a GPU")
+    _ensure_world(world, device)
     first = [np.ascontiguousarray(a) for a in inputs(0, 0)]
-    site = _site(kernel, world, first, outputs, workspaces, grid, kwargs)
-    team = call_site.TeamState(pes=[device] * world, generation=0)
+    site = _site(kernel, world, first, outputs, workspaces, grid, kwargs, symmetric)
+    team = call_site.TeamState(pes=list(range(world)), generation=shmem.generation())
     contexts = cuda_dispatch.regions(site, team)
     signature, compiled = cuda_dispatch.compile_site(next(_ids), site)
     block = 32 * compiled.metadata.num_warps
@@ -97,13 +119,18 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
                 for buf, array in zip(in_bufs[rank], inputs(call, rank), strict=True):
                     _cuda.write(device, buf, np.ascontiguousarray(array).tobytes())
                 _cuda.write(device, contexts[rank][1] + 8, struct.pack("<i", call + 1))
+            epoch = call + 1
             # Launch in a rotating order so that a different rank starts first each call.
             for rank in [(call + i) % world for i in range(world)]:
                 values = []
-                for kind, index, value, _, _ in cuda_dispatch.launch_params(
+                for kind, index, value, alt, size in cuda_dispatch.launch_params(
                         site, signature, contexts[rank][0]):
                     if kind == cuda_dispatch.OPERAND:
                         values.append(in_bufs[rank][index - 1])
+                    elif kind == cuda_dispatch.STAGED:  # as the FFI handler stages it
+                        slot = alt if epoch % 2 else value
+                        _lib.copy(rank, slot, in_bufs[rank][index - 1], size)
+                        values.append(slot)
                     elif kind == cuda_dispatch.RESULT:
                         values.append(out_bufs[rank][index])
                     else:
@@ -118,5 +145,6 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
                 for rank in range(world)])
         return results
     finally:
-        for buf in itertools.chain(*in_bufs, *out_bufs, (base for base, _ in contexts)):
+        for buf in itertools.chain(*in_bufs, *out_bufs):
             _cuda.free(device, buf)
+        _lib.release(contexts[0][0] - _lib.heap_base(0))

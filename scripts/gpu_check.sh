@@ -1,37 +1,47 @@
 #!/usr/bin/env bash
 # One command for the GPU machine (device tool): build the project with the machine's own
 # packages, run the GPU tier and the compile tests, run the GPU benchmarks; logs and JSON
-# go to $OUT (or ./gpu_out).
+# go to $OUT (or ./gpu_out): setup.log, tests.log, checks.log, bench.log, bench_*.json.
+#
+#   GPU_CHECK_BENCH="single-gpu collectives gemm"   benchmark suites to run (default: all;
+#                                                    "" runs none)
+#   GPU_CHECK_TESTS="..."                            pytest selection (default: GPU tier)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+SRC=$PWD
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export JTD_WAIT_TIMEOUT=${JTD_WAIT_TIMEOUT:-20}
+BENCH=${GPU_CHECK_BENCH-single-gpu collectives gemm}
+TESTS=${GPU_CHECK_TESTS-tests/test_gpu.py tests/test_one_gpu.py tests/test_shmem.py tests/test_cuda_compile.py}
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__, jax.devices())"
-} 2>&1 | tee "$OUT/machine.txt"
-
-echo "== build" | tee "$OUT/build.log"
-start=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps -q . >>"$OUT/build.log" 2>&1 || {
-  tail -50 "$OUT/build.log"; exit 1; }
-echo "built in $(( $(date +%s) - start )) s" | tee -a "$OUT/build.log"
+  echo "== build"
+  start=$(date +%s)
+  python3 -m pip install --no-build-isolation --no-deps -q . || exit 1
+  echo "built in $(( $(date +%s) - start )) s"
+} >"$OUT/setup.log" 2>&1 || { tail -50 "$OUT/setup.log"; exit 1; }
+cat "$OUT/setup.log" | head -5
 
 # Run from outside the source tree so the installed package (with its extensions) is used.
 cd "$OUT"
-echo "== GPU tier"
-python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_gpu.py" \
-  "$OLDPWD/tests/test_one_gpu.py" "$OLDPWD/tests/test_cuda_compile.py" 2>&1 | tee "$OUT/tests.log" | tail -30
-tests_rc=${PIPESTATUS[0]}
+echo "== GPU tier: $TESTS"
+tests_rc=0
+if [ -n "$TESTS" ]; then
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -p no:cacheprovider $(for t in $TESTS; do echo "$SRC/$t"; done) 2>&1 \
+    | tee "$OUT/tests.log" | tail -30
+  tests_rc=${PIPESTATUS[0]}
+fi
 
-echo "== demo: TP MLP on the GPU(s)"
-python3 "$OLDPWD/examples/tp_mlp.py" 2>&1 | tee "$OUT/tp_mlp.log" | tail -4
-
-echo "== SASS of the bf16 GEMM tile (expect HGMMA)"
-python3 - <<'PY' 2>&1 | tee "$OUT/sass.log"
+{
+  echo "== demo: TP MLP on the GPU(s)"
+  python3 "$SRC/examples/tp_mlp.py" 2>&1 | tail -4
+  echo "== SASS of the bf16 GEMM tile (expect HGMMA)"
+  python3 - <<'PY'
 import numpy as np, jax.numpy as jnp
 from jax_triton_dist.kernels.gemm import matmul_kernel
 from jax_triton_dist.runtime import cuda_compile
@@ -41,14 +51,21 @@ kw = dict(M=8192, N=8192, K=8192, stride_am=8192, stride_ak=1, stride_bk=8192, s
 sig, cx = cuda_compile.signature_of(matmul_kernel, pos, kw)
 k = cuda_compile.compile_kernel(matmul_kernel, sig, cx, attrs=cuda_compile.divisibility(sig, pos, kw),
                                 num_warps=8, num_stages=3)
-open("gemm_bf16.cubin", "wb").write(k.asm["cubin"])
+open("/tmp/gemm_bf16.cubin", "wb").write(k.asm["cubin"])
 PY
-CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-echo "HGMMA instructions: $("$CUOBJDUMP" -sass gemm_bf16.cubin | grep -c HGMMA)" | tee -a "$OUT/sass.log"
+  CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+  echo "HGMMA instructions: $("$CUOBJDUMP" -sass /tmp/gemm_bf16.cubin | grep -c HGMMA)"
+} 2>&1 | tee "$OUT/checks.log"
 
-echo "== benchmarks"
-python3 -m jax_triton_dist.bench collectives --platform gpu --iters 20 \
-  --json "$OUT/bench_collectives.json" 2>&1 | tee "$OUT/bench.log" | tail -40
-python3 -m jax_triton_dist.bench gemm --platform gpu --iters 5 \
-  --json "$OUT/bench_gemm.json" 2>&1 | tee "$OUT/bench_gemm.log" | tail -20
+for suite in $BENCH; do
+  echo "== bench $suite"
+  case $suite in
+    collectives) args="--iters 20" ;;
+    gemm) args="--iters 5" ;;
+    *) args="--iters 10" ;;
+  esac
+  # shellcheck disable=SC2086
+  python3 -m jax_triton_dist.bench "$suite" --platform gpu $args \
+    --json "$OUT/bench_${suite//-/_}.json" 2>&1 | tee -a "$OUT/bench.log" | tail -40
+done
 exit "$tests_rc"

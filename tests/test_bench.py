@@ -23,3 +23,23 @@ def test_collectives_benchmark_cli_writes_json(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["suite"] == "collectives" and data["machine"]["platform"] == "cpu"
     assert len(data["results"]) == len(collectives.OPS)
+
+
+def test_single_gpu_fused_part_runs_on_cpu(tmp_path, capsys):
+    path = tmp_path / "single.json"
+    bench.main(["single-gpu", "--parts", "fused", "--shapes", "32x16x32", "--iters", "1",
+                "--platform", "cpu", "--json", str(path)])
+    rows = json.loads(path.read_text())["results"]
+    assert [r["op"] for r in rows] == ["all_gather_matmul", "matmul_reduce_scatter",
+                                       "matmul_all_reduce"]
+    for row in rows:
+        assert row["ours_us"] > 0 and row["dot_us"] > 0 and row["rel_err"] < 2e-2
+
+
+def test_single_gpu_launch_part_needs_a_gpu():
+    import pytest
+
+    from jax_triton_dist.bench import single_gpu
+
+    with pytest.raises(RuntimeError, match="need a GPU"):
+        single_gpu.run(1, "cpu", parts=("launch",))

@@ -210,3 +210,22 @@ def test_fused_tp_ops_on_gpu(op, m, k, n):
     if op == "all_gather_matmul":
         ref = np.concatenate([ref] * world)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
+
+
+@requires_gpu
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("skew", [False, True])
+def test_moe_dispatch_and_combine_on_gpu(k, skew):
+    from test_moe import model, routing, run_layer
+
+    ranks, t, num_experts = len(_gpus()), 40, 4 * len(_gpus())
+    for capacity in (None, 7):  # default capacity fits everything; 7 drops under skew
+        tokens, ids, weights = routing(ranks, t, k, num_experts, skew, seed=k + 2 * skew)
+        inputs, out, dropped, _ = run_layer(ranks, tokens, ids, weights, num_experts,
+                                            capacity=capacity, platform="gpu")
+        cap = ranks * t * k if capacity is None else capacity
+        want_inputs, want_out, want_dropped = model(ranks, tokens, ids, weights, num_experts,
+                                                    cap)
+        np.testing.assert_array_equal(inputs, want_inputs)
+        np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(dropped, want_dropped)

@@ -10,9 +10,9 @@ from jax.sharding import PartitionSpec as P
 import jax_triton_dist as jtd
 
 
-def run_layer(ranks, tokens, expert_ids, weights, num_experts, capacity=None):
+def run_layer(ranks, tokens, expert_ids, weights, num_experts, capacity=None, platform="cpu"):
     """dispatch -> expert e multiplies its rows by (e + 1) -> combine, per rank."""
-    mesh = Mesh(np.array(jax.devices("cpu")[:ranks]), ("x",))
+    mesh = Mesh(np.array(jax.devices(platform)[:ranks]), ("x",))
     local = num_experts // ranks
 
     def layer(x, ids, w):

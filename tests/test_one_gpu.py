@@ -154,3 +154,23 @@ def test_matmul_reduce_scatter_kernel(world):
         for r in range(world):
             want = full[r * seg:(r + 1) * seg]
             assert np.linalg.norm(out[c][r][0] - want) / np.linalg.norm(want) < 5e-3
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_all_gather_matmul_kernel_with_symmetric_staging(world):
+    from jax_triton_dist.kernels.gemm_collectives import all_gather_matmul_kernel
+
+    m, k, n = 64, 128, 128
+    rng = np.random.default_rng(world + 2)
+    xs = rng.standard_normal((CALLS, world, m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32) / 12
+    tiles = 2  # BLOCK_M=32 over 64 rows, BLOCK_N=128 over 128 columns, per shard
+    out = one_gpu.run_ranks(
+        all_gather_matmul_kernel, world, lambda c, r: [xs[c, r], w],
+        [((world * m, n), np.float32)], [((2, world), np.int32)], grid=(world * tiles,),
+        kwargs={"m": m, "N": n, "K": k, "BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64,
+                "GROUP_M": 8}, calls=CALLS, symmetric=[0])
+    for c in range(CALLS):
+        want = xs[c].reshape(world * m, k).astype(np.float64) @ w.astype(np.float64)
+        for r in range(world):  # tf32 tensor cores for float32 inputs
+            assert np.linalg.norm(out[c][r][0] - want) / np.linalg.norm(want) < 5e-3

@@ -16,6 +16,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -70,6 +71,8 @@ struct Plan {
 
 std::mutex g_plans_mu;
 std::map<std::pair<int64_t, int>, std::unique_ptr<Plan>> g_plans;
+// Plans dropped by clear_plans stay allocated: a handler may still hold a pointer.
+std::vector<std::unique_ptr<Plan>> g_retired;
 nb::object* g_planner = nullptr;  // leaked: must outlive interpreter shutdown
 
 Plan* FindPlan(int64_t call_id, int device) {
@@ -229,27 +232,6 @@ NB_MODULE(_cuda, m) {
         return nb::bytes(out.data(), out.size());
       },
       "device"_a, "addr"_a, "nbytes"_a);
-  m.def(
-      "enable_peer_access",
-      [](int device, int peer) {
-        CUdevice dev, peer_dev;
-        Check(D().cuDeviceGet(&dev, device), "cuDeviceGet");
-        Check(D().cuDeviceGet(&peer_dev, peer), "cuDeviceGet");
-        int can = 0;
-        Check(D().cuDeviceCanAccessPeer(&can, dev, peer_dev), "cuDeviceCanAccessPeer");
-        if (!can) {
-          throw std::runtime_error("GPU " + std::to_string(device) + " cannot access GPU " +
-                                   std::to_string(peer) + " (no peer access)");
-        }
-        DeviceScope peer_scope(peer);
-        CUcontext peer_ctx = peer_scope.ctx();
-        DeviceScope scope(device);
-        CUresult r = D().cuCtxEnablePeerAccess(peer_ctx, 0);
-        if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
-          Check(r, "cuCtxEnablePeerAccess");
-        }
-      },
-      "device"_a, "peer"_a);
   // Direct launches, for running several ranks on one GPU (jax_triton_dist/one_gpu.py).
   m.def(
       "stream_create",
@@ -279,7 +261,7 @@ NB_MODULE(_cuda, m) {
   m.def(
       "launch",
       [](int device, uintptr_t function, std::vector<unsigned> grid, unsigned block,
-         unsigned shared, std::vector<uint64_t> values, uintptr_t stream) {
+         unsigned shared, std::vector<uint64_t> values, uintptr_t stream, int repeat) {
         DeviceScope scope(device);
         // Each kernel parameter is passed from 8 bytes of storage (little-endian), then
         // Triton's two scratch pointers.
@@ -290,12 +272,38 @@ NB_MODULE(_cuda, m) {
         for (auto& v : storage) pointers.push_back(&v);
         unsigned g[3] = {1, 1, 1};
         for (size_t i = 0; i < grid.size() && i < 3; ++i) g[i] = grid[i];
-        Check(D().cuLaunchKernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2], block,
-                                 1, 1, shared, reinterpret_cast<CUstream>(stream),
-                                 pointers.data(), nullptr),
-              "cuLaunchKernel");
+        for (int i = 0; i < repeat; ++i) {  // back to back (launch-overhead benchmark)
+          Check(D().cuLaunchKernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2],
+                                   block, 1, 1, shared, reinterpret_cast<CUstream>(stream),
+                                   pointers.data(), nullptr),
+                "cuLaunchKernel");
+        }
       },
-      "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "values"_a, "stream"_a);
+      "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "values"_a, "stream"_a,
+      "repeat"_a = 1);
+  m.def(
+      "clear_plans",
+      [] {
+        std::lock_guard<std::mutex> lock(g_plans_mu);
+        std::vector<int> devices;
+        for (auto& [key, plan] : g_plans) {
+          if (devices.empty() || devices.back() != key.second) devices.push_back(key.second);
+          g_retired.push_back(std::move(plan));
+        }
+        g_plans.clear();
+        std::sort(devices.begin(), devices.end());
+        devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+        return devices;
+      },
+      "Forgets every launch plan; returns the devices that had one.");
+  m.def(
+      "device_synchronize",
+      [](int device) {
+        DeviceScope scope(device);
+        nb::gil_scoped_release release;
+        Check(D().cuCtxSynchronize(), "cuCtxSynchronize");
+      },
+      "device"_a);
   m.def(
       "set_plan",
       [](int64_t call_id, int device, uintptr_t function, std::vector<unsigned> grid,

@@ -1,4 +1,4 @@
-"""``python -m jax_triton_dist.bench {collectives,gemm} [options] [--json PATH]``.
+"""``python -m jax_triton_dist.bench {collectives,gemm,single-gpu} [options] [--json PATH]``.
 
 Without a GPU the suite runs on 8 simulated CPU devices (Triton's interpreter): a smoke
 test of the benchmark, not a performance record. With ``--platform gpu`` (or a GPU as
@@ -29,6 +29,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     gemm.add_argument("--dtype", default="bfloat16")
     gemm.add_argument("--platform", default=None)
     gemm.add_argument("--json", default="bench_gemm.json", help="output JSON path")
+    single = sub.add_parser("single-gpu", help="triton_call launch overhead, copies into the "
+                            "symmetric heap, fused ops at world size 1 (one GPU)")
+    single.add_argument("--parts", nargs="+", default=["launch", "copy", "fused"],
+                        choices=["launch", "copy", "fused"])
+    single.add_argument("--shapes", nargs="+", default=None,
+                        help="MxNxK of the fused part (default: the TP8 set)")
+    single.add_argument("--iters", type=int, default=10)
+    single.add_argument("--platform", default=None)
+    single.add_argument("--json", default="bench_single_gpu.json", help="output JSON path")
     return parser.parse_args(argv)
 
 
@@ -40,7 +49,20 @@ def main(argv: list[str] | None = None) -> None:
 
     import jax
 
-    from jax_triton_dist.bench import collectives, gemm, timing
+    from jax_triton_dist.bench import collectives, gemm, single_gpu, timing
+
+    if args.suite == "single-gpu":
+        shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes
+                  else None)
+        device = jax.devices(args.platform)[0]
+        print(f"single-GPU costs on {device.device_kind} ({device.platform}), median of "
+              f"{args.iters}")
+        results = single_gpu.run(args.iters, args.platform, args.parts, shapes)
+        for part, rows in results.items():
+            print(f"\n{part}")
+            timing.print_table(rows, single_gpu.COLUMNS[part])
+        timing.write_json(args.json, "single-gpu", [r for rows in results.values() for r in rows])
+        return
 
     if args.suite == "gemm":
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes

@@ -2,10 +2,12 @@
 
 The C++ handler (xla_ffi/cuda_launch.cc) calls :func:`plan` on the first call of a
 (call site, device). Planning reads the device's mesh coordinates once, joins the team,
-allocates the team's symmetric regions (one ``cuMemAlloc`` per rank, peers mapped with
-peer access) and each rank's context, compiles the kernel for the device (once per call
-site), loads it, points its ``jtd_ctx`` global at the rank's context, and registers the
-launch plan. Later calls launch from C++ without Python.
+allocates the team's symmetric region in the SHMEM heaps (the ``cuda`` backend: PE ``i``
+is GPU ``i``, every heap reachable from every GPU) with each rank's context at its end,
+compiles the kernel for the device (once per call site), loads it, points its ``jtd_ctx``
+global at the rank's context, and registers the launch plan. Later calls launch from C++
+without Python. ``shmem.finalize`` drops the plans (after the GPUs finish their work), so
+the next call plans again in the new heaps.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from jax_triton_dist import _shmem as _lib
 from jax_triton_dist import shmem
 from jax_triton_dist.runtime import call_site, cuda_compile
 
@@ -24,8 +27,8 @@ try:  # built only where the CUDA headers were found
 except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
-__all__ = ["plan", "bind_context", "regions", "compile_site", "launch_params", "OPERAND",
-           "RESULT", "VALUE", "STAGED"]
+__all__ = ["plan", "bind_context", "ensure_shmem", "regions", "compile_site",
+           "launch_params", "OPERAND", "RESULT", "VALUE", "STAGED"]
 
 _CTX_HEADER = struct.Struct("<iiiiqq")  # rank, num_ranks, epoch, reserved, barrier, timeout
 _SCALAR_FORMATS = {"i1": "<?", "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q", "u8": "<B",
@@ -34,23 +37,54 @@ OPERAND, RESULT, VALUE, STAGED = 0, 1, 2, 3
 
 _compile_lock = threading.Lock()
 _compiled: dict[int, Any] = {}
+_init_lock = threading.Lock()
+
+
+def _drop_plans() -> None:
+    """Before SHMEM releases the heaps: let the GPUs finish, then forget every plan."""
+    if _cuda is not None and _cuda.available():
+        for device in _cuda.clear_plans():
+            _cuda.device_synchronize(device)
+
+
+shmem._on_finalize(_drop_plans)
+
+
+def ensure_shmem(device: int) -> None:
+    """Initialises the ``cuda`` SHMEM backend over every local GPU (PE ``i`` = GPU ``i``)
+    unless SHMEM runs already; checks that PE ``device`` lives on GPU ``device``."""
+    with _init_lock:
+        if not _lib.initialized():
+            count = _cuda.device_count()
+            shmem.init(n_pes=count, backend="cuda", devices=list(range(count)))
+    if _lib.backend_name() != "cuda":
+        raise shmem.ShmemError(
+            f"SHMEM runs the {_lib.backend_name()!r} backend, but GPU {device} runs a "
+            "distributed kernel (it needs 'cuda'): finalize SHMEM before switching platforms")
+    if device >= _lib.n_pes() or _lib.device_of(device) != device:
+        where = (f"PE {device} is on GPU {_lib.device_of(device)}" if device < _lib.n_pes()
+                 else f"there are only {_lib.n_pes()} PEs")
+        raise shmem.ShmemError(
+            f"GPU {device} runs a distributed kernel as PE {device}, but {where}: initialise "
+            "SHMEM with devices=range(number of GPUs), or let the runtime initialise it")
 
 
 def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[int, int]]:
-    """Allocates every member's region and context; returns ``(region, ctx)`` per rank."""
+    """Allocates the team's region in the SHMEM heaps, with each member's context after
+    the workspaces; returns ``(region, ctx)`` per rank."""
     _, _, _, total = site.region_layout
-    ctx_offset = call_site.aligned(total)
     ctx_size = _CTX_HEADER.size + 8 * site.num_ranks
-    devices = list(team.pes)
-    for device in set(devices):
-        for peer in set(devices) - {device}:
-            _cuda.enable_peer_access(device, peer)
-    bases = [_cuda.alloc(device, ctx_offset + ctx_size) for device in devices]
+    offset = call_site.allocate_region(site, team, extra=call_site.aligned(ctx_size))
+    ctx_offset = offset + call_site.aligned(total)
+    heaps = [_lib.heap_base(pe) for pe in team.pes]
     timeout_ns = int(shmem.wait_timeout() * 1e9)
-    for rank, (device, base) in enumerate(zip(devices, bases, strict=True)):
-        header = _CTX_HEADER.pack(rank, site.num_ranks, 0, 0, base, timeout_ns)
-        _cuda.write(device, base + ctx_offset, header + struct.pack(f"<{len(bases)}Q", *bases))
-    return [(base, base + ctx_offset) for base in bases]
+    result = []
+    for rank, (pe, heap) in enumerate(zip(team.pes, heaps, strict=True)):
+        header = _CTX_HEADER.pack(rank, site.num_ranks, 0, 0, heap + offset, timeout_ns)
+        ctx = np.frombuffer(header + struct.pack(f"<{len(heaps)}Q", *heaps), np.uint8)
+        _lib.copy(pe, heap + ctx_offset, ctx.ctypes.data, ctx.nbytes)
+        result.append((heap + offset, heap + ctx_offset))
+    return result
 
 
 def _positional(site: call_site.CallSite) -> list[tuple[str, Any]]:
@@ -123,6 +157,7 @@ def bind_context(device: int, module: int, kernel: Any, ctx: int) -> None:
 
 def _plan(call_id: int, device: int, coords_addr: int) -> None:
     site = call_site.lookup(call_id)
+    ensure_shmem(device)
     raw = _cuda.read(device, coords_addr, 4 * len(site.mesh_axes))
     coords = tuple(int(c) for c in np.frombuffer(raw, np.int32))
     rank, team = site.join(coords, device, shmem.wait_timeout(), regions)

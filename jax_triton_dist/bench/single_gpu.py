@@ -1,0 +1,192 @@
+"""Single-GPU costs of the runtime, each against its bare baseline:
+
+* ``launch``: per-call cost of ``triton_call`` on a trivial kernel (a chain of calls in one
+  jitted function) vs the same compiled kernel launched back to back with
+  ``cuLaunchKernel`` on one stream. Both are slopes, ``(T(K) - T(1)) / (K - 1)``, so fixed
+  costs (dispatch of the jitted function, synchronisation) cancel.
+* ``copy``: a copy into the ``cuda`` SHMEM heap (memory mapped with cuMemCreate/cuMemMap)
+  vs the same copy into a plain ``cuMemAlloc`` buffer; both device to device on the copy
+  engine, synchronised.
+* ``fused``: the fused GEMM ops at world size 1 vs ``jnp.dot`` and vs the project's bare
+  GEMM tile with the same tile shape, in the GEMM benchmark's scan harness.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+import triton.language as tl
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_triton_dist as jtd
+from jax_triton_dist import _shmem, fused
+from jax_triton_dist.bench import gemm, timing
+from jax_triton_dist.runtime import cuda_compile, cuda_dispatch
+
+CHAIN = 200
+COPY_SIZES = [1 << 20, 16 << 20, 256 << 20]
+FUSED_SHAPES = [(8192, 1376, 4096), (8192, 4096, 1376), (8192, 3584, 8192), (128, 1376, 4096)]
+
+
+@triton.jit
+def bump_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """``out = x + 1`` on ``n <= BLOCK`` elements: one program, next to no work."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def _slope(time_of, k: int) -> float:
+    return (time_of(k) - time_of(1)) / (k - 1)
+
+
+def launch_overhead(device, iters: int) -> list[dict[str, Any]]:
+    mesh = Mesh(np.array([device]), ("x",))
+    n = 256
+    x = jax.device_put(jnp.zeros((n,), jnp.float32), NamedSharding(mesh, P()))
+
+    def chain(k):
+        def body(v):
+            for _ in range(k):
+                v = jtd.triton_call(bump_kernel, v, n=n, BLOCK=n, grid=(1,), axis_name="x",
+                                    out_shape=jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                    num_warps=1)
+            return v
+
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(),
+                                     check_vma=False))
+
+    fns = {k: chain(k) for k in (1, CHAIN)}
+    for k, f in fns.items():
+        got = np.asarray(f(x))
+        if not np.array_equal(got, np.full(n, k, np.float32)):
+            raise RuntimeError(f"bump chain of {k} computed {got[:4]}..., expected {k}")
+    ours = _slope(lambda k: timing.median_seconds(lambda: fns[k](x), iters), CHAIN)
+
+    # The same kernel, compiled the same way, launched by the driver back to back.
+    _cuda = cuda_dispatch._cuda
+    ordinal = device.local_hardware_id
+    positional = [("pointer", np.dtype(np.float32))] * 2 + [("scalar", n)]
+    kwargs = {"BLOCK": n}
+    signature, constexprs = cuda_compile.signature_of(bump_kernel, positional, kwargs)
+    kernel = cuda_compile.compile_kernel(
+        bump_kernel, signature, constexprs,
+        attrs=cuda_compile.divisibility(signature, positional, kwargs), num_warps=1)
+    _, function = _cuda.load_function(ordinal, kernel.asm["cubin"], kernel.metadata.name,
+                                      kernel.metadata.shared)
+    buf = _cuda.alloc(ordinal, 4 * n)
+    stream = _cuda.stream_create(ordinal)
+    values = [buf, buf] + ([n] if signature.get("n") != "constexpr" else [])
+
+    def bare(k):
+        samples = []
+        for _ in range(iters + 2):
+            start = time.perf_counter()
+            _cuda.launch(ordinal, function, [1], 32, kernel.metadata.shared, values, stream,
+                         repeat=k)
+            _cuda.stream_synchronize(ordinal, stream)
+            samples.append(time.perf_counter() - start)
+        return float(np.median(samples[2:]))
+
+    bare_s = _slope(bare, CHAIN)
+    _cuda.free(ordinal, buf)
+    return [{"bench": "launch", "what": "triton_call vs cuLaunchKernel, trivial kernel",
+             "ours_us": ours * 1e6, "bare_us": bare_s * 1e6,
+             "overhead_us": (ours - bare_s) * 1e6}]
+
+
+def copy_bandwidth(device, iters: int) -> list[dict[str, Any]]:
+    _cuda = cuda_dispatch._cuda
+    ordinal = device.local_hardware_id
+    cuda_dispatch.ensure_shmem(ordinal)
+    rows = []
+    for nbytes in COPY_SIZES:
+        src = _cuda.alloc(ordinal, nbytes)
+        plain = _cuda.alloc(ordinal, nbytes)
+        offset = _shmem.alloc(nbytes, 256)
+        heap = _shmem.heap_base(ordinal) + offset
+        _cuda.write(ordinal, src, np.random.default_rng(0).bytes(min(nbytes, 1 << 20)))
+
+        def timed(dst, src=src, nbytes=nbytes):
+            samples = []
+            for _ in range(iters + 2):
+                start = time.perf_counter()
+                _shmem.copy(ordinal, dst, src, nbytes)
+                samples.append(time.perf_counter() - start)
+            return float(np.median(samples[2:]))
+
+        heap_s, plain_s = timed(heap), timed(plain)
+        head = min(nbytes, 1 << 20)
+        if _cuda.read(ordinal, heap, head) != _cuda.read(ordinal, src, head):
+            raise RuntimeError("the copy into the symmetric heap lost data")
+        rows.append({"bench": "copy", "bytes": nbytes, "heap_us": heap_s * 1e6,
+                     "d2d_us": plain_s * 1e6, "heap_gbps": nbytes / heap_s / 1e9,
+                     "d2d_gbps": nbytes / plain_s / 1e9, "ratio": plain_s / heap_s})
+        _shmem.release(offset)
+        _cuda.free(ordinal, src)
+        _cuda.free(ordinal, plain)
+    return rows
+
+
+def fused_overhead(device, iters: int, shapes=None) -> list[dict[str, Any]]:
+    mesh = Mesh(np.array([device]), ("x",))
+    rows = []
+    for m, n, k in shapes or FUSED_SHAPES:
+        rng = np.random.default_rng(1)
+        put = lambda v: jax.device_put(jnp.asarray(v, jnp.bfloat16),  # noqa: E731
+                                       NamedSharding(mesh, P()))
+        a = put(rng.standard_normal((gemm.DEPTH, m, k), np.float32))
+        b = put(rng.standard_normal((k, n), np.float32) / np.sqrt(k))
+        dot_s, ref = gemm._timed(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32)
+                                 .astype(jnp.bfloat16), mesh, a, b, iters)
+        tiles = fused._tiles(m, n, k)
+        config = (tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["GROUP_M"], 8, 3)
+        tile_s, _ = gemm._timed(lambda x, y, c=config: gemm.matmul(x, y, c), mesh, a, b, iters)
+        for name in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
+            op = getattr(jtd, name)
+            seconds, out = gemm._timed(lambda x, y, op=op: op(x, y, "x"), mesh, a, b, iters)
+            err = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
+                        / jnp.linalg.norm(ref.astype(jnp.float32)))
+            rows.append({"bench": "fused", "op": name, "shape": f"{m}x{n}x{k}",
+                         "ours_us": seconds * 1e6, "tile_us": tile_s * 1e6,
+                         "dot_us": dot_s * 1e6, "vs_dot": seconds / dot_s,
+                         "vs_tile": seconds / tile_s, "rel_err": err})
+    return rows
+
+
+def run(iters: int, platform: str | None = None, parts=("launch", "copy", "fused"),
+        shapes=None) -> dict[str, list[dict[str, Any]]]:
+    device = jax.devices(platform)[0]
+    if device.platform != "gpu" and set(parts) - {"fused"}:
+        raise RuntimeError("the launch and copy parts need a GPU (JAX's devices are "
+                           f"{device.platform}); on CPU only --parts fused runs (a smoke test)")
+    results = {}
+    if "launch" in parts:
+        results["launch"] = launch_overhead(device, iters)
+    if "copy" in parts:
+        results["copy"] = copy_bandwidth(device, iters)
+    if "fused" in parts:
+        results["fused"] = fused_overhead(device, iters, shapes)
+    return results
+
+
+COLUMNS = {
+    "launch": [("what", "", ""), ("ours_us", "ours us/call", ".2f"),
+               ("bare_us", "bare us/call", ".2f"), ("overhead_us", "overhead us", ".2f")],
+    "copy": [("bytes", "bytes", "d"), ("heap_us", "heap us", ".1f"), ("d2d_us", "d2d us", ".1f"),
+             ("heap_gbps", "heap GB/s", ".0f"), ("d2d_gbps", "d2d GB/s", ".0f"),
+             ("ratio", "heap/d2d", ".3f")],
+    "fused": [("op", "op", ""), ("shape", "MxNxK", ""), ("ours_us", "ours us", ".1f"),
+              ("tile_us", "tile us", ".1f"), ("dot_us", "jnp.dot us", ".1f"),
+              ("vs_tile", "ours/tile", ".3f"), ("vs_dot", "ours/dot", ".3f"),
+              ("rel_err", "rel err", ".1e")],
+}
+
+__all__ = ["run", "COLUMNS", "bump_kernel", "launch_overhead", "copy_bandwidth",
+           "fused_overhead"]
