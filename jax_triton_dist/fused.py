@@ -47,10 +47,21 @@ def _block(size: int, cap: int) -> int:
     return max(16, min(cap, triton.next_power_of_2(size)))
 
 
-def _tiles(m: int, n: int, k: int) -> dict[str, int]:
-    """Tile shape for an ``[m, k] @ [k, n]`` product (GPU defaults; any shape on CPU)."""
-    return {"BLOCK_M": _block(m, 128), "BLOCK_N": _block(n, 128), "BLOCK_K": _block(k, 64),
-            "GROUP_M": 8}
+# Programs that fill a GPU: one per SM of an H100/H200 (132).
+_FILL_PROGRAMS = 132
+
+
+def _tiles(m: int, n: int, k: int, copies: int = 1) -> dict[str, int]:
+    """Tile shape and warps for ``copies`` ``[m, k] @ [k, n]`` products in one grid.
+
+    128x128x64 tiles with 8 warps when they give enough programs to fill a GPU; else
+    (decode shapes) 64x64x128 tiles with 4 warps, which give 4x the programs. Clamped to
+    the problem (any shape runs; on CPU the interpreter takes the same tiles).
+    """
+    large = copies * triton.cdiv(m, 128) * triton.cdiv(n, 128) >= _FILL_PROGRAMS
+    bm, bn, bk, warps = (128, 128, 64, 8) if large else (64, 64, 128, 4)
+    return {"BLOCK_M": _block(m, bm), "BLOCK_N": _block(n, bn), "BLOCK_K": _block(k, bk),
+            "GROUP_M": 8, "num_warps": warps}
 
 
 def _dot(a, b, dtype):
@@ -71,13 +82,13 @@ def _check_dim(value: int, fn: str, what: str) -> None:
 def _all_gather_matmul(x, w, axis_name):
     world = axis_size(axis_name)
     (m, k), n = x.shape, w.shape[1]
-    tiles = _tiles(m, n, k)
+    tiles = _tiles(m, n, k, copies=world)
     grid = world * triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     return triton_call(
         all_gather_matmul_kernel, x, w,
         out_shape=jax.ShapeDtypeStruct((world * m, n), x.dtype),
         workspace=[Workspace((2, world), jnp.int32)], symmetric=[0],
-        grid=(grid,), axis_name=axis_name, num_warps=8, num_stages=3, m=m, N=n, K=k, **tiles,
+        grid=(grid,), axis_name=axis_name, num_stages=3, m=m, N=n, K=k, **tiles,
     )
 
 
@@ -122,14 +133,14 @@ def _matmul_reduce_scatter(x, w, axis_name):
     world = axis_size(axis_name)
     (rows, k), n = x.shape, w.shape[1]
     seg = rows // world
-    tiles = _tiles(seg, n, k)
+    tiles = _tiles(seg, n, k, copies=world)
     per_segment = triton.cdiv(seg, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     return triton_call(
         matmul_reduce_scatter_kernel, x, w,
         out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
         workspace=[Workspace((2, world, seg, n), jnp.float32),
                    Workspace((2, world, per_segment), jnp.int32)],
-        grid=(world * per_segment,), axis_name=axis_name, num_warps=8, num_stages=3,
+        grid=(world * per_segment,), axis_name=axis_name, num_stages=3,
         seg=seg, N=n, K=k, **tiles,
     )
 
@@ -180,16 +191,15 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: str, *,
 def _matmul_all_reduce(x, w, axis_name):
     world = axis_size(axis_name)
     (m, k), n = x.shape, w.shape[1]
-    block_m, block_n, block_k = _block(m, 64), _block(n, 128), _block(k, 64)
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)  # small M: smaller row tiles
+    config = _tiles(m, n, k)
+    tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
     return triton_call(
         matmul_all_reduce_kernel, x, w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=[Workspace((2, world, m, n), jnp.float32), Workspace((2, world, tiles),
                                                                          jnp.int32)],
-        grid=(tiles,), axis_name=axis_name, num_warps=4, num_stages=3,
-        M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n, stride_bn=1,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
+        grid=(tiles,), axis_name=axis_name, num_stages=3,
+        M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n, stride_bn=1, **config,
     )
 
 

@@ -151,6 +151,8 @@ def triton_call(
       symmetric: indices into ``args`` of arrays to stage into the symmetric heap, so that
         peers can read them with ``dl.symm_at``. Staging alternates between two slots by
         epoch, so a rank may run at most one call ahead of a peer that reads its data.
+        Kernels read these arrays and never write them (on GPUs a one-rank launch passes
+        the array itself: there is no peer to stage for).
       num_warps: warps per program on GPUs (default 4); ignored by the CPU backend.
       num_stages: software-pipelining depth on GPUs (default 3); ignored on CPU.
       **kwargs: constexprs and scalar keyword arguments of the kernel.

@@ -43,6 +43,17 @@ def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
 
 
 @triton.jit
+def load_tile(c_ptr, pid_m, pid_n, M, N, stride_cm, stride_cn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Loads tile ``(pid_m, pid_n)`` of ``C`` (zeros past the edges)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    return tl.load(c_ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
 def matmul_kernel(
     # Pointers
     a_ptr, b_ptr, c_ptr,

@@ -4,8 +4,9 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
-from jax_triton_dist.kernels.exchange import epoch_half, reduce_in_rank_order
+from jax_triton_dist.kernels.exchange import epoch_half
 from jax_triton_dist.kernels.gemm import matmul_tile, store_tile
+from jax_triton_dist.kernels.tile_exchange import push_tile, sum_tiles_in_rank_order
 from jax_triton_dist.swizzle import grouped_tile
 
 
@@ -15,7 +16,7 @@ def matmul_all_reduce_kernel(
     a_ptr,  # [M, K] this rank's activations (its K shard)
     b_ptr,  # [K, N] this rank's weights (the same K shard)
     c_ptr,  # [M, N] the sum over ranks of A @ B
-    slots_ptr,  # symmetric workspace float32 [2, num_ranks, M, N]: peers' partial tiles
+    slots_ptr,  # symmetric workspace float32 [2, num_ranks, M, N]: every rank's partial tiles
     flags_ptr,  # symmetric workspace int32 [2, num_ranks, num_tiles]
     # Sizes
     M, N, K,
@@ -44,17 +45,19 @@ def matmul_all_reduce_kernel(
     acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
                       stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
 
-    # ---- push it into slot `me` of every other rank, raise flag (me, tile) there ----
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs = offs_m[:, None] * N + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    for i in range(1, world):
-        peer = (me + i) % world
-        tl.store(dl.symm_at(slots + me * M * N + offs, peer), acc, mask=mask)
-        dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
+    if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
+        store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+    else:
+        # ---- push it into slot `me` of every other rank, raise flag (me, tile) there;
+        # keep it in the own slot too (frees its registers for the sum) ----
+        for i in range(1, world):
+            push_tile(acc, slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
+                      num_tiles, epoch, BLOCK_M, BLOCK_N)
+        store_tile(slots + me * M * N, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+        tl.debug_barrier()  # the whole program sees the own slot before reading it back
 
-    # ---- sum every rank's partial of this tile, store ----
-    total = reduce_in_rank_order(acc, slots, flags, M * N, offs, mask, tile, num_tiles, me,
-                                 world, epoch, "sum")
-    store_tile(c_ptr, total, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+        # ---- sum every rank's partial of this tile in rank order (the same bits on
+        # every rank), store ----
+        total = sum_tiles_in_rank_order(slots, flags, me, world, M, N, pid_m, pid_n, tile,
+                                        num_tiles, epoch, BLOCK_M, BLOCK_N)
+        store_tile(c_ptr, total, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)

@@ -9,8 +9,9 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
-from jax_triton_dist.kernels.exchange import epoch_half, reduce_in_rank_order
+from jax_triton_dist.kernels.exchange import epoch_half
 from jax_triton_dist.kernels.gemm import matmul_tile, store_tile
+from jax_triton_dist.kernels.tile_exchange import add_peer_tiles, push_tile
 from jax_triton_dist.swizzle import own_last_tile, rank_rotated_tile
 
 
@@ -70,8 +71,8 @@ def matmul_reduce_scatter_kernel(
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
-    slot as soon as it is computed; the own segment's tiles then sum every rank's partial
-    in rank order. Only the last programs wait, and only for other ranks' earlier tiles.
+    slot as soon as it is computed; the own segment's tiles then add every peer's partial
+    to their own accumulator (kept in registers). Only the last programs wait, and only for other ranks' earlier tiles.
     """
     tile = tl.program_id(0)
     me = dl.rank()
@@ -87,14 +88,10 @@ def matmul_reduce_scatter_kernel(
 
     acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1, N, 1,
                       BLOCK_M, BLOCK_N, BLOCK_K)
-    offs_m = local_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs = offs_m[:, None] * N + offs_n[None, :]
-    mask = (offs_m[:, None] < seg) & (offs_n[None, :] < N)
     if segment != me:
-        tl.store(dl.symm_at(slots + me * seg * N + offs, segment), acc, mask=mask)
-        dl.notify(flags + me * tiles_m * tiles_n + local_tile, segment, epoch, "set", "sys")
+        push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n, local_tile,
+                  tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
     else:
-        total = reduce_in_rank_order(acc, slots, flags, seg * N, offs, mask, local_tile,
-                                     tiles_m * tiles_n, me, world, epoch, "sum")
+        total = add_peer_tiles(acc, slots, flags, me, world, seg, N, local_m, pid_n,
+                               local_tile, tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
         store_tile(c_ptr, total, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)

@@ -146,7 +146,8 @@ def fused_overhead(device, iters: int, shapes=None) -> list[dict[str, Any]]:
         dot_s, ref = gemm._timed(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32)
                                  .astype(jnp.bfloat16), mesh, a, b, iters)
         tiles = fused._tiles(m, n, k)
-        config = (tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["GROUP_M"], 8, 3)
+        config = (tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["GROUP_M"],
+                  tiles["num_warps"], 3)
         tile_s, _ = gemm._timed(lambda x, y, c=config: gemm.matmul(x, y, c), mesh, a, b, iters)
         for name in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
             op = getattr(jtd, name)

@@ -11,7 +11,9 @@ Used only by ``primitives.py`` (the builtins' compiled branch); not public API.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import triton
 import triton.language as tl
@@ -33,11 +35,35 @@ def _ctx_call(symbol: str, ret: tl.dtype, args: list, arg_types: tuple, _semanti
                                    is_pure=True, _semantic=_semantic)
 
 
+# The rank count of the launch being compiled, when the compiler knows it (the runtime
+# compiles once per call site, and a call site's team has a fixed size): `num_ranks`
+# becomes a constant, so loops over ranks have constant bounds, and with one rank `rank`
+# is the constant 0 and every exchange folds away.
+_static = threading.local()
+
+
+@contextlib.contextmanager
+def static_num_ranks(n: int | None):
+    """Compiles ``dl.num_ranks()`` as the constant ``n`` inside the block (None: read it
+    from the rank context at run time)."""
+    previous = getattr(_static, "num_ranks", None)
+    _static.num_ranks = n
+    try:
+        yield
+    finally:
+        _static.num_ranks = previous
+
+
 def rank(_semantic):
+    if getattr(_static, "num_ranks", None) == 1:
+        return _semantic.to_tensor(0)
     return _ctx_call("jtd_rank", tl.int32, [], (), _semantic)
 
 
 def num_ranks(_semantic):
+    n = getattr(_static, "num_ranks", None)
+    if n is not None:
+        return _semantic.to_tensor(int(n))
     return _ctx_call("jtd_num_ranks", tl.int32, [], (), _semantic)
 
 
@@ -55,18 +81,34 @@ def heap_base(peer, _semantic):
     return _ctx_call("jtd_heap_base", tl.int64, [peer], (tl.int32,), _semantic)
 
 
+# Heap bases are aligned to far more than 16 bytes (CUDA VMM granularity, NVSHMEM heaps),
+# so moving a pointer between heaps keeps its alignment. ``symm_at`` moves it with pointer
+# arithmetic by a whole number of 16-byte units (``(delta >> 4) << 4`` is ``delta``), which
+# Triton's alignment analysis can follow: loads through ``symm_at`` stay vectorised and
+# asynchronous (cp.async) like local ones. (Integer casts, or a ``multiple_of`` hint on the
+# scalar distance, lose that knowledge.)
+_HEAP_ALIGNMENT_LOG2 = 4
+
+
 def symm_at(ptr, peer, _semantic):
     delta = _semantic.sub(heap_base(peer, _semantic), heap_base(rank(_semantic), _semantic),
                           True)
-    address = core.cast(ptr, tl.int64, bitcast=True, _semantic=_semantic)
-    moved = _semantic.add(address, delta, True)
-    return core.cast(moved, ptr.dtype, bitcast=True, _semantic=_semantic)
+    itemsize = max(1, ptr.dtype.element_ty.primitive_bitwidth // 8)
+    if itemsize & (itemsize - 1) or itemsize > 1 << _HEAP_ALIGNMENT_LOG2:
+        raise TypeError(f"dl.symm_at: unsupported element type {ptr.dtype.element_ty}")
+    units = _semantic.ashr(delta, _semantic.to_tensor(_HEAP_ALIGNMENT_LOG2))
+    elements = _semantic.shl(
+        units, _semantic.to_tensor(_HEAP_ALIGNMENT_LOG2 - (itemsize.bit_length() - 1)))
+    return _semantic.add(ptr, elements, True)
 
 
 def notify(ptr, peer, signal, sig_op: str, scope: str, _semantic):
     remote = symm_at(ptr, peer, _semantic)
     value = core.cast(_semantic.to_tensor(signal), remote.dtype.element_ty, _semantic=_semantic)
     update = core.atomic_xchg if sig_op == "set" else core.atomic_add
+    # The update is issued by one thread; its release covers the other threads' writes
+    # only once a CTA barrier has ordered them before it (bar.sync, then the release).
+    _semantic.debug_barrier()
     update(remote, value, sem="release", scope=_SCOPE_PTX[scope], _semantic=_semantic)
 
 

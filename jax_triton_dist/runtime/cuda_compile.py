@@ -6,6 +6,8 @@ The result links ``libjtd_device.ll`` (the rank context) and exposes the module 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -90,11 +92,41 @@ def _pointer_sig(dtype: Any) -> str:
     return "*" + _TRITON_TYPES[np.dtype(dtype).name]
 
 
+@functools.cache
+def _lowering_key() -> str:
+    """Hash of what lowers the ``dl`` primitives (not part of Triton's own cache key,
+    which covers only the ``@triton.jit`` sources): a changed lowering recompiles."""
+    from jax_triton_dist.language import primitives
+
+    digest = hashlib.sha256()
+    for path in (_compiled.__file__, _compiled.LIB_PATH, primitives.__file__):
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+class _Source(ASTSource):
+    def __init__(self, *args, num_ranks: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.num_ranks = num_ranks
+
+    def hash(self):
+        key = f"{super().hash()}-{_lowering_key()}-ranks{self.num_ranks}"
+        return hashlib.sha256(key.encode()).hexdigest()
+
+
 def compile_kernel(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any], *,
                    attrs: dict | None = None, capability: int = 90, num_warps: int = 4,
-                   num_stages: int = 3):
-    """``triton.compile`` for ``sm_<capability>`` with the device library linked."""
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+                   num_stages: int = 3, num_ranks: int | None = None):
+    """``triton.compile`` for ``sm_<capability>`` with the device library linked.
+
+    ``num_ranks``: the launch's rank count, compiled in as a constant (loops over ranks
+    get constant bounds; one rank folds every exchange away); None reads it at run time.
+    """
+    source = _Source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs,
+                     num_ranks=num_ranks)
     options = {"extern_libs": tuple(_compiled.extern_libs().items()), "num_warps": num_warps,
                "num_stages": num_stages}
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+    with _compiled.static_num_ranks(num_ranks):
+        return triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                              options=options)

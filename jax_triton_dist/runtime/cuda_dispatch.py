@@ -106,7 +106,7 @@ def compile_site(call_id: int, site: call_site.CallSite):
             kernel = cuda_compile.compile_kernel(
                 site.kernel, signature, constexprs, attrs=attrs,
                 num_warps=site.launch.get("num_warps", 4),
-                num_stages=site.launch.get("num_stages", 3))
+                num_stages=site.launch.get("num_stages", 3), num_ranks=site.num_ranks)
             _compiled[call_id] = (signature, kernel)
         return _compiled[call_id]
 
@@ -131,7 +131,9 @@ def launch_params(site: call_site.CallSite, signature: dict[str, str],
         if type_name == "constexpr":
             continue
         kind, value = positional.get(name, ("keyword", site.kwargs.get(name)))
-        if kind == "array" and value in staging:
+        # One rank: no peer reads a staged copy (symm_at can only name this rank, which
+        # maps any pointer to itself), so the operand is used in place.
+        if kind == "array" and value in staging and site.num_ranks > 1:
             even, odd = staging[value]
             params.append((STAGED, value + 1, region + even, region + odd,
                            site.inputs[value].nbytes))
