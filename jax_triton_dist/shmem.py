@@ -36,6 +36,7 @@ the same order; a PE that waits longer than the timeout raises
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import enum
@@ -49,8 +50,8 @@ from jax_triton_dist import _shmem as _lib
 
 __all__ = [
     "ShmemError", "ShmemTimeoutError", "Cmp", "SignalOp", "InitStatus", "Team", "TEAM_WORLD",
-    "DEFAULT_HEAP_SIZE", "DEFAULT_GPU_HEAP_SIZE", "HEAP_SIZE_ENV", "TIMEOUT_ENV",
-    "BACKEND_ENV", "BACKENDS", "available_backends", "device_of",
+    "DEFAULT_HEAP_SIZE", "DEFAULT_GPU_HEAP_SIZE", "DEFAULT_NVSHMEM_HEAP_SIZE", "HEAP_SIZE_ENV",
+    "TIMEOUT_ENV", "BACKEND_ENV", "BACKENDS", "available_backends", "device_of",
     "init", "finalize", "init_status", "backend", "heap_size", "as_pe", "bind_pe", "unbind_pe",
     "my_pe", "n_pes", "malloc", "calloc", "align", "free", "ptr", "as_array", "barrier_all",
     "putmem", "getmem", "putmem_nbi", "getmem_nbi", "putmem_signal", "putmem_signal_nbi",
@@ -70,7 +71,9 @@ DEFAULT_GPU_HEAP_SIZE = 64 << 30
 mapped as allocations grow, in steps of at least 32 MiB)."""
 BACKEND_ENV = "JTD_SHMEM_BACKEND"
 """Environment variable naming the backend :func:`init` uses when none is given."""
-BACKENDS = ("host", "cuda")
+DEFAULT_NVSHMEM_HEAP_SIZE = 1 << 30
+"""Default heap size of ``nvshmem`` (1 GiB: NVSHMEM commits the heap's memory up front)."""
+BACKENDS = ("host", "cuda", "nvshmem")
 HEAP_SIZE_ENV = "JTD_SHMEM_HEAP_SIZE"
 """Environment variable for the heap size: bytes, or with a K/M/G suffix."""
 TIMEOUT_ENV = "JTD_WAIT_TIMEOUT"
@@ -148,17 +151,25 @@ def generation() -> int:
 
 
 def available_backends() -> tuple[str, ...]:
-    """Backends this build has (``cuda`` needs the CUDA headers at build time)."""
-    return ("host", "cuda") if _lib.has_cuda() else ("host",)
+    """Backends this build has (``cuda`` needs the CUDA headers at build time, ``nvshmem``
+    NVSHMEM's headers too)."""
+    return (("host",) + (("cuda",) if _lib.has_cuda() else ())
+            + (("nvshmem",) if _lib.has_nvshmem() else ()))
 
 
 def _default_backend() -> str:
+    """``$JTD_SHMEM_BACKEND``; else ``host`` on CPU; on GPUs ``nvshmem`` for one process per
+    GPU in a multi-process job, else ``cuda`` (one process driving its local GPUs)."""
     env = os.environ.get(BACKEND_ENV)
     if env:
         return env
     import jax
 
-    return "host" if jax.default_backend() == "cpu" else "cuda"
+    if jax.default_backend() == "cpu":
+        return "host"
+    if jax.process_count() > 1 and jax.local_device_count() == 1:
+        return "nvshmem"
+    return "cuda"
 
 
 def init(n_pes: int | None = None, heap_size: int | None = None, backend: str | None = None,
@@ -170,10 +181,16 @@ def init(n_pes: int | None = None, heap_size: int | None = None, backend: str | 
         ``devices`` / local GPUs (``cuda``).
       heap_size: bytes per PE heap. Default: ``$JTD_SHMEM_HEAP_SIZE``, else
         :data:`DEFAULT_HEAP_SIZE` (``host``) or :data:`DEFAULT_GPU_HEAP_SIZE` (``cuda``).
-      backend: ``"host"`` or ``"cuda"``. Default: ``$JTD_SHMEM_BACKEND``, else ``host``
-        when JAX's default platform is the CPU and ``cuda`` otherwise.
+      backend: ``"host"``, ``"cuda"`` or ``"nvshmem"``. Default: ``$JTD_SHMEM_BACKEND``,
+        else ``host`` when JAX's default platform is the CPU, ``nvshmem`` in a multi-process
+        job with one GPU per process, ``cuda`` otherwise.
       devices: ``cuda`` only: the GPU of each PE (default ``0 .. n_pes - 1``); a GPU may
         appear more than once.
+
+    ``nvshmem`` runs one PE per process: PE ``jax.process_index()`` of
+    ``jax.process_count()``, on the process's only GPU (``n_pes`` must match, or be None).
+    NVSHMEM's library comes from the ``nvidia-nvshmem-cu13`` wheel (or
+    ``$JTD_NVSHMEM_LIB``); its unique id travels through JAX's distributed key-value store.
 
     Raises:
       ShmemError: already initialised, or the backend cannot start (the message says why).
@@ -186,11 +203,15 @@ def init(n_pes: int | None = None, heap_size: int | None = None, backend: str | 
     if backend not in BACKENDS:
         raise ValueError(f"shmem.init: unknown backend {backend!r} (expected one of {BACKENDS})")
     if backend not in available_backends():
+        needs = "NVSHMEM's headers" if backend == "nvshmem" else "the CUDA headers"
         raise ShmemError(f"shmem.init: this build has no {backend!r} backend (built without "
-                         "the CUDA headers)")
-    if backend == "host" and devices is not None:
-        raise ValueError("shmem.init: devices= is for the cuda backend (host PEs are CPU "
-                         "devices)")
+                         f"{needs})")
+    if backend != "cuda" and devices is not None:
+        raise ValueError(f"shmem.init: devices= is for the cuda backend ({backend!r} chooses "
+                         "its devices)")
+    if backend == "nvshmem":
+        _init_nvshmem(n_pes, heap_size)
+        return
     if n_pes is None:
         if devices is not None:
             n_pes = len(devices)
@@ -198,23 +219,15 @@ def init(n_pes: int | None = None, heap_size: int | None = None, backend: str | 
             import jax
 
             n_pes = jax.local_device_count("cpu" if backend == "host" else "gpu")
-    if heap_size is None:
-        env = os.environ.get(HEAP_SIZE_ENV)
-        default = DEFAULT_HEAP_SIZE if backend == "host" else DEFAULT_GPU_HEAP_SIZE
-        heap_size = _parse_size(env) if env else default
+    heap_size = _heap_size_or_default(
+        heap_size, DEFAULT_HEAP_SIZE if backend == "host" else DEFAULT_GPU_HEAP_SIZE)
     if int(n_pes) <= 0:
         raise ValueError(f"shmem.init: n_pes must be positive, got {n_pes}")
-    if int(heap_size) <= 0:
-        raise ValueError(
-            f"shmem.init: heap_size must be positive, got {heap_size} (set it with the "
-            f"heap_size argument or {HEAP_SIZE_ENV})"
-        )
     if backend == "cuda":
         devices = list(range(int(n_pes))) if devices is None else [int(d) for d in devices]
         if len(devices) != int(n_pes):
             raise ValueError(f"shmem.init: {len(devices)} devices given for {n_pes} PEs "
                              "(one device per PE)")
-    heap_size = (int(heap_size) + _MIN_ALIGNMENT - 1) // _MIN_ALIGNMENT * _MIN_ALIGNMENT
     try:
         _lib.init(backend, int(n_pes), heap_size, devices or [])
     except RuntimeError as error:
@@ -222,6 +235,44 @@ def init(n_pes: int | None = None, heap_size: int | None = None, backend: str | 
             raise
         raise ShmemError(f"shmem.init({backend!r}): {error}") from None
     _generation[0] += 1
+    _kv_exchange[0] = None
+
+
+_kv_exchange: list = [None]  # the nvshmem backend's cross-process rendezvous
+
+
+def _heap_size_or_default(heap_size: int | None, default: int) -> int:
+    if heap_size is None:
+        env = os.environ.get(HEAP_SIZE_ENV)
+        heap_size = _parse_size(env) if env else default
+    if int(heap_size) <= 0:
+        raise ValueError(
+            f"shmem.init: heap_size must be positive, got {heap_size} (set it with the "
+            f"heap_size argument or {HEAP_SIZE_ENV})"
+        )
+    return (int(heap_size) + _MIN_ALIGNMENT - 1) // _MIN_ALIGNMENT * _MIN_ALIGNMENT
+
+
+def _init_nvshmem(n_pes: int | None, heap_size: int | None) -> None:
+    from jax_triton_dist import nvshmem_bootstrap
+
+    count, me, gpu = nvshmem_bootstrap.geometry()
+    if n_pes is not None and int(n_pes) != count:
+        raise ValueError(f"shmem.init('nvshmem'): n_pes={n_pes}, but the job has {count} "
+                         "processes (one PE per process)")
+    heap_size = _heap_size_or_default(heap_size, DEFAULT_NVSHMEM_HEAP_SIZE)
+    nvshmem_bootstrap.prepare_heap(heap_size)
+    library = nvshmem_bootstrap.library_path()
+    generation = _generation[0] + 1
+    uid = nvshmem_bootstrap.unique_id(library, count, me, generation, wait_timeout())
+    try:
+        _lib.init("nvshmem", count, heap_size, [gpu], me, uid, library)
+    except RuntimeError as error:
+        if isinstance(error, ShmemError):
+            raise
+        raise ShmemError(f"shmem.init('nvshmem'): {error}") from None
+    _generation[0] = generation
+    _kv_exchange[0] = nvshmem_bootstrap.Exchange(generation) if count > 1 else None
 
 
 _finalize_hooks: list = []
@@ -239,6 +290,18 @@ def finalize() -> None:
     for hook in _finalize_hooks:
         hook()
     _lib.finalize()
+    _kv_exchange[0] = None
+
+
+def _finalize_at_exit() -> None:
+    # Heaps are released while the GPU driver is still up (before JAX tears its
+    # backends down and before C++ static destructors run).
+    if _lib.initialized():
+        with contextlib.suppress(Exception):  # nothing useful to report at exit
+            finalize()
+
+
+atexit.register(_finalize_at_exit)
 
 
 def init_status() -> InitStatus:
@@ -301,10 +364,12 @@ def as_pe(pe: int) -> Iterator[int]:
 
 
 def my_pe() -> int:
-    """The calling thread's PE."""
+    """The calling thread's PE (under ``nvshmem``, unbound threads are this process's PE)."""
     _require_init()
     pe = getattr(_bound, "pe", None)
     if pe is None:
+        pe = _lib.process_pe()
+    if pe < 0:
         raise ShmemError(
             "this thread is not bound to a PE: wrap the code in `with shmem.as_pe(pe):` "
             "(the runtime binds each JAX device's thread while its kernel runs)"
@@ -344,6 +409,8 @@ def _offset_of(addr: int, what: str) -> int:
 
 def _exchange(team_key: int, size: int, index: int, value: int, what: str) -> list[int]:
     try:
+        if _kv_exchange[0] is not None:  # PEs in several processes
+            return _kv_exchange[0](team_key, size, index, int(value), wait_timeout())
         return _lib.exchange(team_key, size, index, int(value), wait_timeout())
     except ShmemTimeoutError as error:
         raise ShmemTimeoutError(
@@ -378,11 +445,25 @@ def align(alignment: int, size: int) -> int:
         )
     if size == 0:
         return 0
+    # One allocator per process: PE 0 allocates for an in-process backend; under nvshmem
+    # every process allocates in its own (equal histories give equal offsets: checked).
     offset = -1
-    if me == 0:
+    if _allocates(me):
         with contextlib.suppress(ShmemError):
             offset = _lib.alloc(size, max(alignment, _MIN_ALIGNMENT))
-    offset = _world_exchange(offset, "shmem.malloc")[0]
+    offsets = _world_exchange(offset, "shmem.malloc")
+    if _lib.process_pe() < 0:
+        offset = offsets[0]
+    elif len(set(offsets)) != 1:
+        if offset >= 0:
+            _lib.release(offset)  # nobody keeps a block that not every PE got
+        if min(offsets) >= 0:
+            raise ShmemError(
+                "shmem.malloc: the PEs' heaps diverged (offsets "
+                + ", ".join(f"PE {pe}: 0x{o:x}" for pe, o in enumerate(offsets))
+                + "): every PE must make the same sequence of malloc/free calls"
+            )
+        offset = -1
     if offset < 0:
         raise ShmemError(
             f"PE {me}: symmetric heap exhausted: cannot allocate {size} bytes "
@@ -391,6 +472,11 @@ def align(alignment: int, size: int) -> int:
             f"{HEAP_SIZE_ENV}"
         )
     return _lib.heap_base(me) + offset
+
+
+def _allocates(pe: int) -> bool:
+    """Whether PE ``pe`` runs its process's allocator for collective allocations."""
+    return pe == 0 or _lib.process_pe() >= 0
 
 
 def malloc(size: int) -> int:
@@ -426,8 +512,9 @@ def free(addr: int | None) -> None:
             "shmem.free is collective on one allocation, but the PEs freed offsets "
             + ", ".join(f"PE {pe}: 0x{o:x}" for pe, o in enumerate(offsets))
         )
-    released = _lib.release(offset) if me == 0 else 0
-    released = _world_exchange(released, "shmem.free")[0]
+    released = _lib.release(offset) if _allocates(me) else 0
+    reports = _world_exchange(released, "shmem.free")
+    released = min(reports) if _lib.process_pe() >= 0 else reports[0]
     if released == 0:
         raise ShmemError(
             f"PE {me}: shmem.free(0x{int(addr):x}): not a live allocation (double free, or an "
@@ -436,9 +523,12 @@ def free(addr: int | None) -> None:
 
 
 def ptr(addr: int, pe: int) -> int:
-    """Address of symmetric ``addr`` in PE ``pe``'s heap (every host PE is reachable)."""
+    """Address of symmetric ``addr`` in PE ``pe``'s heap, or 0 where that heap is not
+    reachable by load/store (``nvshmem``: a PE on another node)."""
     _check_pe(pe)
-    return _lib.heap_base(pe) + _offset_of(int(addr), "shmem.ptr: address")
+    offset = _offset_of(int(addr), "shmem.ptr: address")
+    base = _lib.heap_base(pe)
+    return base + offset if base else 0
 
 
 def as_array(addr: int, shape: int | tuple[int, ...], dtype) -> np.ndarray:
@@ -468,7 +558,13 @@ def as_array(addr: int, shape: int | tuple[int, ...], dtype) -> np.ndarray:
 
 def _remote(dest: int, pe: int, what: str) -> int:
     _check_pe(pe)
-    return _lib.heap_base(pe) + _offset_of(int(dest), what)
+    base = _lib.heap_base(pe)
+    if base == 0:
+        raise ShmemError(
+            f"PE {my_pe()}: {what}: PE {pe}'s heap is not reachable by load/store from here "
+            "(another node: NVSHMEM reports no nvshmem_ptr mapping); host-side puts and gets "
+            "reach PEs on this node only")
+    return base + _offset_of(int(dest), what)
 
 
 def _check_nbytes(nbytes: int, fn: str) -> None:

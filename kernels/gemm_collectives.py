@@ -72,7 +72,8 @@ def matmul_reduce_scatter_kernel(
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
     slot as soon as it is computed; the own segment's tiles then add every peer's partial
-    to their own accumulator (kept in registers). Only the last programs wait, and only for other ranks' earlier tiles.
+    to their own accumulator (kept in registers). Only the last programs wait, and only for
+    other ranks' earlier tiles.
     """
     tile = tl.program_id(0)
     me = dl.rank()

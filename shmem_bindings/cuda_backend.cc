@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda_driver.h"
+#include "cuda_ops.h"
 
 namespace jtd::shmem {
 namespace {
@@ -17,42 +18,6 @@ const cuda_driver::Table& D() { return cuda_driver::Driver(); }
 
 // Heaps grow in steps of at least this many bytes (fewer, larger mappings).
 constexpr size_t kGrowthStep = size_t{32} << 20;
-
-// One thread: a release store (op 0) or a release atomic add (op 1) of a 32- or 64-bit
-// word, at system scope so that every GPU and the host observe it after the data.
-constexpr char kSignalPtx[] = R"(
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry jtd_signal_op(.param .u64 addr, .param .u64 value, .param .u32 op,
-                              .param .u32 itemsize)
-{
-  .reg .pred %p<3>;
-  .reg .b32 %r<4>;
-  .reg .b64 %rd<3>;
-  ld.param.u64 %rd1, [addr];
-  ld.param.u64 %rd2, [value];
-  ld.param.u32 %r1, [op];
-  ld.param.u32 %r2, [itemsize];
-  setp.eq.u32 %p1, %r2, 8;
-  setp.eq.u32 %p2, %r1, 0;
-  @%p1 bra WIDE;
-  cvt.u32.u64 %r3, %rd2;
-  @%p2 bra SET32;
-  red.release.sys.global.add.u32 [%rd1], %r3;
-  ret;
-SET32:
-  st.release.sys.global.u32 [%rd1], %r3;
-  ret;
-WIDE:
-  @%p2 bra SET64;
-  red.release.sys.global.add.u64 [%rd1], %rd2;
-  ret;
-SET64:
-  st.release.sys.global.u64 [%rd1], %rd2;
-  ret;
-}
-)";
 
 CUmemAllocationProp PinnedOn(int device) {
   CUmemAllocationProp prop = {};
@@ -138,16 +103,23 @@ CudaBackend::CudaBackend(const std::vector<int>& devices, size_t heap_size)
 
 CudaBackend::~CudaBackend() { Unmap(); }
 
-void CudaBackend::Unmap() {
+void CudaBackend::Unmap() noexcept {
+  // Runs from the destructor too, possibly at process exit after the driver has shut
+  // down: every error is ignored (the driver frees everything of a dead process).
   for (size_t pe = 0; pe < streams_.size(); ++pe) {
-    DeviceScope scope(devices_[pe]);
-    D().cuStreamSynchronize(streams_[pe]);
-    D().cuStreamDestroy(streams_[pe]);
+    try {
+      DeviceScope scope(devices_[pe]);
+      D().cuStreamSynchronize(streams_[pe]);
+      D().cuStreamDestroy(streams_[pe]);
+    } catch (...) {
+    }
   }
   streams_.clear();
-  for (uintptr_t base : bases_) {
-    for (const auto& [offset, size] : chunks_) D().cuMemUnmap(base + offset, size);
-    D().cuMemAddressFree(base, heap_size());
+  if (cuda_driver::Available()) {
+    for (uintptr_t base : bases_) {
+      for (const auto& [offset, size] : chunks_) D().cuMemUnmap(base + offset, size);
+      D().cuMemAddressFree(base, heap_size());
+    }
   }
   bases_.clear();
   chunks_.clear();
@@ -194,58 +166,22 @@ void CudaBackend::reserve(size_t end) {
 }
 
 void CudaBackend::copy(int pe, uintptr_t dst, uintptr_t src, size_t nbytes, bool blocking) {
-  if (nbytes == 0) return;
-  DeviceScope scope(devices_.at(pe));
-  Check(D().cuMemcpyAsync(dst, src, nbytes, streams_[pe]), "cuMemcpyAsync");
-  if (blocking) Check(D().cuStreamSynchronize(streams_[pe]), "cuStreamSynchronize");
+  cuda_ops::Copy(devices_.at(pe), streams_.at(pe), dst, src, nbytes, blocking);
 }
 
 void CudaBackend::memset(int pe, uintptr_t addr, int byte, size_t nbytes) {
-  if (nbytes == 0) return;
-  DeviceScope scope(devices_.at(pe));
-  Check(D().cuMemsetD8Async(addr, static_cast<unsigned char>(byte), nbytes, streams_[pe]),
-        "cuMemsetD8Async");
-  Check(D().cuStreamSynchronize(streams_[pe]), "cuStreamSynchronize");
-}
-
-CUfunction CudaBackend::SignalFunction(int device) {
-  std::lock_guard<std::mutex> lock(fn_mu_);
-  auto it = signal_fns_.find(device);
-  if (it != signal_fns_.end()) return it->second;
-  CUmodule module;
-  Check(D().cuModuleLoadData(&module, kSignalPtx), "cuModuleLoadData (signal kernel)");
-  CUfunction fn;
-  Check(D().cuModuleGetFunction(&fn, module, "jtd_signal_op"), "cuModuleGetFunction");
-  signal_fns_[device] = fn;
-  return fn;
+  cuda_ops::Memset(devices_.at(pe), streams_.at(pe), addr, byte, nbytes);
 }
 
 void CudaBackend::signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op,
                             int itemsize) {
-  CheckItemsize(itemsize);
-  DeviceScope scope(devices_.at(pe));
-  CUfunction fn = SignalFunction(devices_[pe]);
-  uint64_t a = addr;
-  uint32_t o = static_cast<uint32_t>(op), s = static_cast<uint32_t>(itemsize);
-  void* params[] = {&a, &value, &o, &s};
-  Check(D().cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, streams_[pe], params, nullptr),
-        "cuLaunchKernel (signal)");
-  Check(D().cuStreamSynchronize(streams_[pe]), "cuStreamSynchronize");
+  cuda_ops::Signal(devices_.at(pe), streams_.at(pe), addr, value, op, itemsize);
 }
 
 uint64_t CudaBackend::load(int pe, uintptr_t addr, int itemsize) {
-  CheckItemsize(itemsize);
-  DeviceScope scope(devices_.at(pe));
-  uint64_t value = 0;
-  Check(D().cuMemcpyAsync(reinterpret_cast<uintptr_t>(&value), addr, itemsize, streams_[pe]),
-        "cuMemcpyAsync");
-  Check(D().cuStreamSynchronize(streams_[pe]), "cuStreamSynchronize");
-  return value;
+  return cuda_ops::Load(devices_.at(pe), streams_.at(pe), addr, itemsize);
 }
 
-void CudaBackend::quiet(int pe) {
-  DeviceScope scope(devices_.at(pe));
-  Check(D().cuStreamSynchronize(streams_.at(pe)), "cuStreamSynchronize");
-}
+void CudaBackend::quiet(int pe) { cuda_ops::Quiet(devices_.at(pe), streams_.at(pe)); }
 
 }  // namespace jtd::shmem

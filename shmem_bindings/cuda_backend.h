@@ -5,16 +5,12 @@
 // grows, readable and writable from every GPU of the job (cuMemSetAccess), so a kernel on
 // any GPU loads and stores any PE's heap directly.
 //
-// Host-side operations run on one stream per PE: copies are cuMemcpyAsync (blocking ones
-// synchronise), signals are a one-thread kernel doing a release store / release atomic
-// add at system scope, loads are ordered after the PE's earlier operations.
+// Host-side operations run on one stream per PE (cuda_ops.h).
 #ifndef JAX_TRITON_DIST_SHMEM_CUDA_BACKEND_H_
 #define JAX_TRITON_DIST_SHMEM_CUDA_BACKEND_H_
 
 #include <cuda.h>
 
-#include <map>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -41,16 +37,13 @@ class CudaBackend final : public Backend {
   void reserve(size_t end) override;
 
  private:
-  CUfunction SignalFunction(int device);
-  void Unmap();
+  void Unmap() noexcept;
 
   std::vector<int> devices_;
   size_t granularity_;
   size_t mapped_ = 0;
   std::vector<std::pair<size_t, size_t>> chunks_;  // (offset, size), mapped in every heap
   std::vector<CUstream> streams_;                  // per PE
-  std::mutex fn_mu_;
-  std::map<int, CUfunction> signal_fns_;           // per device
 };
 
 }  // namespace jtd::shmem

@@ -10,6 +10,8 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -157,13 +159,26 @@ inline void Check(CUresult r, const char* what) {
   if (r != CUDA_SUCCESS) throw std::runtime_error(std::string(what) + ": " + ErrorText(r));
 }
 
+// Device `ordinal`'s primary context, retained once per process (the retain is never
+// released: JAX holds the same context for the life of the process).
+inline CUcontext PrimaryContext(int ordinal) {
+  static std::mutex mu;
+  static std::map<int, CUcontext> contexts;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = contexts.find(ordinal);
+  if (it != contexts.end()) return it->second;
+  CUdevice dev;
+  Check(Driver().cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+  CUcontext ctx;
+  Check(Driver().cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  contexts.emplace(ordinal, ctx);
+  return ctx;
+}
+
 // Makes device `ordinal`'s primary context current for the scope.
 class DeviceScope {
  public:
-  explicit DeviceScope(int ordinal) {
-    CUdevice dev;
-    Check(Driver().cuDeviceGet(&dev, ordinal), "cuDeviceGet");
-    Check(Driver().cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
+  explicit DeviceScope(int ordinal) : ctx_(PrimaryContext(ordinal)) {
     Check(Driver().cuCtxPushCurrent(ctx_), "cuCtxPushCurrent");
   }
   ~DeviceScope() {

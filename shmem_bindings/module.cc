@@ -10,6 +10,9 @@
 #ifdef JTD_WITH_CUDA
 #include "cuda_backend.h"
 #endif
+#ifdef JTD_WITH_NVSHMEM
+#include "nvshmem_backend.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -26,8 +29,11 @@ Backend& Get() {
   return *g_backend;
 }
 
+// `my_pe`, `unique_id` and `library` are for the nvshmem backend (one PE per process,
+// on GPU devices[0]).
 void Init(const std::string& backend, int n_pes, size_t heap_size,
-          const std::vector<int>& devices) {
+          const std::vector<int>& devices, int my_pe, const nb::bytes& unique_id,
+          const std::string& library) {
   if (g_backend) throw ShmemError("SHMEM is already initialised");
   if (backend == "host") {
     g_backend = std::make_unique<HostBackend>(n_pes, heap_size);
@@ -47,7 +53,32 @@ void Init(const std::string& backend, int n_pes, size_t heap_size,
                      "without the CUDA headers)");
 #endif
   }
+  if (backend == "nvshmem") {
+#ifdef JTD_WITH_NVSHMEM
+    if (devices.size() != 1) {
+      throw std::invalid_argument("shmem.init: the nvshmem backend runs one PE per process, "
+                                  "on one GPU (got " + std::to_string(devices.size()) +
+                                  " devices)");
+    }
+    std::string id(unique_id.c_str(), unique_id.size());
+    g_backend = std::make_unique<NvshmemBackend>(library, id, my_pe, n_pes, devices[0],
+                                                 heap_size);
+    return;
+#else
+    throw ShmemError("this build of jax_triton_dist has no nvshmem SHMEM backend (it was "
+                     "built without NVSHMEM's headers: build with nvidia-nvshmem-cu13 "
+                     "installed and --no-build-isolation)");
+#endif
+  }
   throw std::invalid_argument("unknown SHMEM backend '" + backend + "'");
+}
+
+bool HasNvshmem() {
+#ifdef JTD_WITH_NVSHMEM
+  return true;
+#else
+  return false;
+#endif
 }
 
 bool HasCuda() {
@@ -69,8 +100,24 @@ NB_MODULE(_shmem, m) {
   nb::exception<ShmemTimeout>(m, "ShmemTimeoutError", shmem_error.ptr());
 
   // Lifetime.
-  m.def("init", &Init, "backend"_a, "n_pes"_a, "heap_size"_a, "devices"_a);
+  m.def("init", &Init, "backend"_a, "n_pes"_a, "heap_size"_a, "devices"_a, "my_pe"_a = -1,
+        "unique_id"_a = nb::bytes(""), "library"_a = "");
   m.def("has_cuda", &HasCuda);
+  m.def("has_nvshmem", &HasNvshmem);
+#ifdef JTD_WITH_NVSHMEM
+  m.def("nvshmem_unique_id", [](const std::string& library) {
+    std::string id = NvshmemUniqueId(library);
+    return nb::bytes(id.data(), id.size());
+  }, "library"_a);
+  m.def("nvshmem_version", &NvshmemVersion, "library"_a);
+#endif
+  // This process's PE where the backend has one (nvshmem), else -1.
+  m.def("process_pe", [] {
+#ifdef JTD_WITH_NVSHMEM
+    if (auto* nv = dynamic_cast<NvshmemBackend*>(&Get())) return nv->my_pe();
+#endif
+    return -1;
+  });
   m.def("finalize", [] { g_backend.reset(); });
   m.def("initialized", [] { return g_backend != nullptr; });
   m.def("backend_name", [] { return std::string(Get().name()); });

@@ -1,0 +1,122 @@
+"""Starting the ``nvshmem`` SHMEM backend in a JAX multi-process job.
+
+One process per GPU (``jax.distributed.initialize``): PE ``p`` is process ``p``. PE 0 makes
+NVSHMEM's unique id and publishes it in JAX's distributed key-value store; every other
+PE reads it from there (no MPI, no torch). The same store carries the host API's
+collective rendezvous (``shmem.malloc`` consistency checks, ``barrier_all``, team splits)
+between processes.
+
+Private to :mod:`jax_triton_dist.shmem`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import jax
+
+from jax_triton_dist import _shmem as _lib
+
+LIBRARY_ENV = "JTD_NVSHMEM_LIB"
+"""Environment variable: path of ``libnvshmem_host.so.3`` (default: the
+``nvidia-nvshmem-cu13`` wheel's)."""
+SYMMETRIC_SIZE_ENV = "NVSHMEM_SYMMETRIC_SIZE"
+_HEAP_SLACK = 512 << 20  # NVSHMEM's own symmetric objects share the heap with ours
+_KEY_PREFIX = "jax_triton_dist/nvshmem"
+
+
+def library_path() -> str:
+    """Path of NVSHMEM's host library: ``$JTD_NVSHMEM_LIB``, else the wheel's."""
+    path = os.environ.get(LIBRARY_ENV)
+    if path:
+        return path
+    try:
+        import nvidia.nvshmem
+    except ImportError:
+        raise _lib.ShmemError(
+            "shmem.init('nvshmem'): NVSHMEM not found: pip install nvidia-nvshmem-cu13, or "
+            f"set {LIBRARY_ENV} to libnvshmem_host.so.3") from None
+    return os.path.join(list(nvidia.nvshmem.__path__)[0], "lib", "libnvshmem_host.so.3")
+
+
+def _client():
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise _lib.ShmemError(
+            "shmem.init('nvshmem') with more than one PE needs JAX's distributed runtime: "
+            "call jax.distributed.initialize() first")
+    return client
+
+
+def geometry() -> tuple[int, int, int]:
+    """``(n_pes, my_pe, gpu)`` of this process: its JAX process index on its only GPU."""
+    devices = jax.local_devices()
+    if len(devices) != 1 or devices[0].platform != "gpu":
+        raise _lib.ShmemError(
+            "shmem.init('nvshmem') runs one PE per process on one GPU, but this process sees "
+            f"{[str(d) for d in devices]}: start one process per GPU (e.g. "
+            "CUDA_VISIBLE_DEVICES per process), or use the 'cuda' backend")
+    return jax.process_count(), jax.process_index(), devices[0].local_hardware_id
+
+
+def prepare_heap(heap_size: int) -> None:
+    """Makes NVSHMEM's symmetric heap room for ours (``$NVSHMEM_SYMMETRIC_SIZE``)."""
+    needed = heap_size + _HEAP_SLACK
+    raw = os.environ.get(SYMMETRIC_SIZE_ENV)
+    if raw is None:
+        os.environ[SYMMETRIC_SIZE_ENV] = str(needed)
+        return
+    from jax_triton_dist.shmem import _parse_size
+
+    if _parse_size(raw) < needed:
+        raise _lib.ShmemError(
+            f"shmem.init('nvshmem'): {SYMMETRIC_SIZE_ENV}={raw} leaves no room for a "
+            f"{heap_size}-byte heap (needs >= {needed} bytes: the heap plus "
+            f"{_HEAP_SLACK >> 20} MiB for NVSHMEM); raise it or lower the heap size")
+
+
+def unique_id(library: str, n_pes: int, my_pe: int, generation: int,
+              timeout_s: float) -> bytes:
+    """NVSHMEM's unique id: made here on PE 0, read from JAX's key-value store elsewhere."""
+    key = f"{_KEY_PREFIX}/{generation}/unique_id"
+    if my_pe == 0:
+        uid = _lib.nvshmem_unique_id(library)
+        if n_pes > 1:
+            _client().key_value_set_bytes(key, uid)
+        return uid
+    try:
+        return _client().blocking_key_value_get_bytes(key, int(timeout_s * 1000))
+    except Exception as error:  # noqa: BLE001 - the store raises its own error types
+        raise _lib.ShmemTimeoutError(
+            f"shmem.init('nvshmem'): PE {my_pe} did not receive NVSHMEM's unique id from PE "
+            f"0 within {timeout_s:g} s ({error}); is PE 0 initialising SHMEM too?") from None
+
+
+class Exchange:
+    """All-gathers of one int64 among the PEs of a team through JAX's key-value store."""
+
+    def __init__(self, generation: int):
+        self.generation = generation
+        self.rounds: dict[int, int] = {}
+
+    def __call__(self, team_key: int, members: int, index: int, value: int,
+                 timeout_s: float) -> list[int]:
+        round_ = self.rounds.get(team_key, 0)
+        self.rounds[team_key] = round_ + 1
+        base = f"{_KEY_PREFIX}/{self.generation}/x/{team_key}/{round_}"
+        client = _client()
+        client.key_value_set_bytes(f"{base}/{index}", struct.pack("<q", int(value)))
+        values = []
+        for member in range(members):
+            try:
+                raw = client.blocking_key_value_get_bytes(f"{base}/{member}",
+                                                          int(timeout_s * 1000))
+            except Exception:  # noqa: BLE001 - the store raises its own error types
+                raise _lib.ShmemTimeoutError(
+                    f"member {member} of {members} did not arrive within {timeout_s:g} s"
+                ) from None
+            values.append(struct.unpack("<q", raw)[0])
+        return values

@@ -1,0 +1,122 @@
+"""The ``nvshmem`` SHMEM backend (one process per GPU).
+
+Everywhere: backend selection and the errors of a misconfigured start. On a GPU: NVSHMEM
+started with one PE through the unique-id path, then the host API on its heap — in a
+subprocess, because NVSHMEM runs once per process.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+
+from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
+
+
+def _have_gpu():
+    try:
+        from jax_triton_dist import _cuda
+    except ImportError:
+        return False
+    return _cuda.available() and _shmem.has_cuda()
+
+
+@pytest.fixture
+def no_world():
+    if shmem.init_status() == shmem.InitStatus.INITIALIZED:
+        shmem.finalize()
+    yield
+    if shmem.init_status() == shmem.InitStatus.INITIALIZED:
+        shmem.finalize()
+
+
+def test_default_backend_is_nvshmem_for_one_gpu_per_process(monkeypatch):
+    monkeypatch.delenv(shmem.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setattr(jax, "local_device_count", lambda *a: 1)
+    assert shmem._default_backend() == "nvshmem"
+    monkeypatch.setattr(jax, "local_device_count", lambda *a: 8)  # 4 hosts x 8 GPUs
+    assert shmem._default_backend() == "cuda"
+    monkeypatch.setattr(jax, "process_count", lambda: 1)
+    assert shmem._default_backend() == "cuda"
+    monkeypatch.setenv(shmem.BACKEND_ENV, "nvshmem")
+    assert shmem._default_backend() == "nvshmem"
+
+
+def test_nvshmem_start_errors_are_specific(no_world):
+    if "nvshmem" not in shmem.available_backends():
+        with pytest.raises(shmem.ShmemError, match="no 'nvshmem' backend .*NVSHMEM's headers"):
+            shmem.init(backend="nvshmem")
+    elif jax.default_backend() == "cpu":
+        with pytest.raises(shmem.ShmemError, match="one PE per process on one GPU"):
+            shmem.init(backend="nvshmem")
+    with pytest.raises(ValueError, match="devices= is for the cuda backend"):
+        shmem.init(backend="nvshmem", devices=[0])
+    assert shmem.init_status() == shmem.InitStatus.NOT_INITIALIZED
+
+
+def test_nvshmem_symmetric_size_must_hold_the_heap(monkeypatch):
+    monkeypatch.setenv(nvshmem_bootstrap.SYMMETRIC_SIZE_ENV, "1G")
+    with pytest.raises(shmem.ShmemError, match="NVSHMEM_SYMMETRIC_SIZE=1G leaves no room"):
+        nvshmem_bootstrap.prepare_heap(1 << 30)
+    monkeypatch.delenv(nvshmem_bootstrap.SYMMETRIC_SIZE_ENV)
+    nvshmem_bootstrap.prepare_heap(1 << 30)
+    assert int(os.environ[nvshmem_bootstrap.SYMMETRIC_SIZE_ENV]) > 1 << 30
+
+
+def test_nvshmem_library_from_environment(monkeypatch):
+    monkeypatch.setenv(nvshmem_bootstrap.LIBRARY_ENV, "/opt/nvshmem/lib/libnvshmem_host.so.3")
+    assert nvshmem_bootstrap.library_path() == "/opt/nvshmem/lib/libnvshmem_host.so.3"
+
+
+ONE_PE = textwrap.dedent("""
+    import numpy as np
+    from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
+
+    shmem.init(backend="nvshmem", heap_size=64 << 20)
+    assert shmem.backend() == "nvshmem", shmem.backend()
+    assert (shmem.n_pes(), shmem.my_pe(), shmem.device_of(0)) == (1, 0, 0)
+    rng = np.random.default_rng(7)
+    data = rng.standard_normal(1 << 16).astype(np.float32)
+    a = shmem.malloc(data.nbytes)
+    b = shmem.malloc(data.nbytes)
+    sig = shmem.calloc(1, 8)
+    assert shmem.ptr(a, 0) == a
+    shmem.putmem(a, data.ctypes.data, data.nbytes, 0)
+    shmem.putmem_signal_nbi(b, a, data.nbytes, sig, 5, shmem.SignalOp.SET, 0)
+    assert shmem.signal_wait_until(sig, shmem.Cmp.EQ, 5, timeout=10) == 5
+    back = np.empty_like(data)
+    shmem.getmem(back.ctypes.data, b, data.nbytes, 0)
+    assert np.array_equal(back, data)
+    shmem.signal_op(sig, 3, shmem.SignalOp.ADD, 0)
+    assert shmem.signal_fetch(sig) == 8
+    try:
+        shmem.signal_wait_until(sig, shmem.Cmp.EQ, 9, timeout=0.5)
+        raise AssertionError("wait_until did not time out")
+    except shmem.ShmemTimeoutError as error:
+        assert "saw 8" in str(error), error
+    shmem.barrier_all()
+    shmem.free(b)
+    shmem.free(a)
+    shmem.free(sig)
+    version = _shmem.nvshmem_version(nvshmem_bootstrap.library_path())
+    shmem.finalize()
+    print("NVSHMEM", version, "one PE through the unique-id path: ok")
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _have_gpu() or not _shmem.has_nvshmem(),
+                    reason="needs a GPU and a build with the nvshmem backend")
+def test_nvshmem_one_pe_through_unique_id():
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NVSHMEM_DISABLE_NVLS="1",
+               CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+    result = subprocess.run([sys.executable, "-c", ONE_PE], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "one PE through the unique-id path: ok" in result.stdout
+    print(result.stdout.strip().splitlines()[-1])
