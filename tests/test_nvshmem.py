@@ -120,3 +120,17 @@ def test_nvshmem_one_pe_through_unique_id():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "one PE through the unique-id path: ok" in result.stdout
     print(result.stdout.strip().splitlines()[-1])
+
+
+def test_kernel_teams_across_processes_fail_clearly(monkeypatch):
+    from types import SimpleNamespace
+
+    from jax_triton_dist.runtime import cuda_dispatch
+
+    site = SimpleNamespace(label="all_gather_kernel", num_ranks=8)
+    monkeypatch.setattr(jax, "process_count", lambda: 8)
+    monkeypatch.setattr(jax, "local_device_count", lambda *a: 1)
+    with pytest.raises(NotImplementedError, match="team has 8 ranks but this process drives 1"):
+        cuda_dispatch._check_team_is_local(site)
+    monkeypatch.setattr(jax, "local_device_count", lambda *a: 8)  # TP inside a node
+    cuda_dispatch._check_team_is_local(site)

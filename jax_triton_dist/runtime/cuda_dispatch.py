@@ -60,7 +60,9 @@ def ensure_shmem(device: int) -> None:
     if _lib.backend_name() != "cuda":
         raise shmem.ShmemError(
             f"SHMEM runs the {_lib.backend_name()!r} backend, but GPU {device} runs a "
-            "distributed kernel (it needs 'cuda'): finalize SHMEM before switching platforms")
+            "distributed kernel, which needs 'cuda' (one process driving the team's GPUs; "
+            "the nvshmem backend serves the SHMEM host API only so far): finalize SHMEM, "
+            "or initialise it with backend='cuda'")
     if device >= _lib.n_pes() or _lib.device_of(device) != device:
         where = (f"PE {device} is on GPU {_lib.device_of(device)}" if device < _lib.n_pes()
                  else f"there are only {_lib.n_pes()} PEs")
@@ -157,8 +159,21 @@ def bind_context(device: int, module: int, kernel: Any, ctx: int) -> None:
     _cuda.write(device, address, struct.pack("<Q", ctx))
 
 
+def _check_team_is_local(site: call_site.CallSite) -> None:
+    import jax
+
+    local = jax.local_device_count()
+    if jax.process_count() > 1 and site.num_ranks > local:
+        raise NotImplementedError(
+            f"kernel {site.label}: its team has {site.num_ranks} ranks but this process drives "
+            f"{local} GPU(s): teams that span processes (one process per GPU, the nvshmem "
+            "backend) are not supported by triton_call yet; lay the kernel's mesh axis out "
+            "within each process (e.g. tensor parallelism inside a node)")
+
+
 def _plan(call_id: int, device: int, coords_addr: int) -> None:
     site = call_site.lookup(call_id)
+    _check_team_is_local(site)
     ensure_shmem(device)
     raw = _cuda.read(device, coords_addr, 4 * len(site.mesh_axes))
     coords = tuple(int(c) for c in np.frombuffer(raw, np.int32))
