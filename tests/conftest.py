@@ -31,3 +31,15 @@ def straggler(monkeypatch):
         monkeypatch.setattr(cpu_dispatch, "_run", delayed)
 
     return install
+
+
+@pytest.fixture
+def no_world():
+    """No SHMEM running before or after the test."""
+    from jax_triton_dist import shmem
+
+    if shmem.init_status() == shmem.InitStatus.INITIALIZED:
+        shmem.finalize()
+    yield
+    if shmem.init_status() == shmem.InitStatus.INITIALIZED:
+        shmem.finalize()

@@ -12,25 +12,9 @@ import textwrap
 
 import jax
 import pytest
+from gpu_support import have_gpu
 
 from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
-
-
-def _have_gpu():
-    try:
-        from jax_triton_dist import _cuda
-    except ImportError:
-        return False
-    return _cuda.available() and _shmem.has_cuda()
-
-
-@pytest.fixture
-def no_world():
-    if shmem.init_status() == shmem.InitStatus.INITIALIZED:
-        shmem.finalize()
-    yield
-    if shmem.init_status() == shmem.InitStatus.INITIALIZED:
-        shmem.finalize()
 
 
 def test_default_backend_is_nvshmem_for_one_gpu_per_process(monkeypatch):
@@ -110,7 +94,7 @@ ONE_PE = textwrap.dedent("""
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _have_gpu() or not _shmem.has_nvshmem(),
+@pytest.mark.skipif(not have_gpu() or not _shmem.has_nvshmem(),
                     reason="needs a GPU and a build with the nvshmem backend")
 def test_nvshmem_one_pe_through_unique_id():
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NVSHMEM_DISABLE_NVLS="1",

@@ -5,20 +5,15 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
+from gpu_support import have_gpu
 
 import jax_triton_dist.language as dl
 from jax_triton_dist import one_gpu
 from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.ring_exchange import ring_shift_kernel
-from jax_triton_dist.runtime import cuda_dispatch
 
-
-def _have_gpu():
-    return cuda_dispatch._cuda is not None and cuda_dispatch._cuda.available()
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _have_gpu(), reason="needs a GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not have_gpu(), reason="needs a GPU")]
 
 CALLS = 20
 

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from gpu_support import have_gpu
 from spmd import errors_of, run_pes
 
 from jax_triton_dist import _shmem, shmem
@@ -17,16 +18,8 @@ from jax_triton_dist import _shmem, shmem
 HEAP = 8 << 20
 
 
-def _have_gpu():
-    try:
-        from jax_triton_dist import _cuda
-    except ImportError:
-        return False
-    return _cuda.available() and _shmem.has_cuda()
-
-
 @pytest.fixture(params=["host", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not _have_gpu(), reason="needs a GPU")])])
+    pytest.mark.gpu, pytest.mark.skipif(not have_gpu(), reason="needs a GPU")])])
 def backend(request):
     return request.param
 
@@ -56,15 +49,6 @@ def read_at(addr, shape, dtype):
     out = np.empty(shape, dtype)
     _shmem.copy(shmem.my_pe(), out.ctypes.data, addr, out.nbytes)
     return out
-
-
-@pytest.fixture
-def no_world():
-    if shmem.init_status() == shmem.InitStatus.INITIALIZED:
-        shmem.finalize()
-    yield
-    if shmem.init_status() == shmem.InitStatus.INITIALIZED:
-        shmem.finalize()
 
 
 ALL_SIZES = pytest.mark.parametrize("world", [1, 2, 4, 8], indirect=True)
@@ -128,7 +112,7 @@ def test_backend_argument_errors(no_world):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _have_gpu(), reason="needs a GPU")
+@pytest.mark.skipif(not have_gpu(), reason="needs a GPU")
 def test_cuda_heap_grows_on_demand_and_is_device_memory(no_world):
     shmem.init(n_pes=2, heap_size=256 << 20, backend="cuda", devices=[0, 0])
     assert shmem.backend() == "cuda" and shmem.device_of(1) == 0
