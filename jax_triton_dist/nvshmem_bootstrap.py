@@ -96,7 +96,8 @@ def unique_id(library: str, n_pes: int, my_pe: int, generation: int,
 
 
 class Exchange:
-    """All-gathers of one int64 among the PEs of a team through JAX's key-value store."""
+    """All-gathers of one int64 among PEs in different processes, through JAX's key-value
+    store. Keys are never deleted (a few bytes per collective call)."""
 
     def __init__(self, generation: int):
         self.generation = generation
@@ -104,9 +105,16 @@ class Exchange:
 
     def __call__(self, team_key: int, members: int, index: int, value: int,
                  timeout_s: float) -> list[int]:
+        """Round ``r`` of team ``team_key``'s rendezvous (rounds counted per process)."""
         round_ = self.rounds.get(team_key, 0)
         self.rounds[team_key] = round_ + 1
-        base = f"{_KEY_PREFIX}/{self.generation}/x/{team_key}/{round_}"
+        return self.gather(f"x/{team_key}/{round_}", members, index, value, timeout_s)
+
+    def gather(self, name: str, members: int, index: int, value: int,
+               timeout_s: float) -> list[int]:
+        """Member ``index`` of ``members`` contributes ``value`` under ``name`` (unique per
+        rendezvous); returns every member's value, in member order."""
+        base = f"{_KEY_PREFIX}/{self.generation}/{name}"
         client = _client()
         client.key_value_set_bytes(f"{base}/{index}", struct.pack("<q", int(value)))
         values = []
@@ -116,7 +124,8 @@ class Exchange:
                                                           int(timeout_s * 1000))
             except Exception:  # noqa: BLE001 - the store raises its own error types
                 raise _lib.ShmemTimeoutError(
-                    f"member {member} of {members} did not arrive within {timeout_s:g} s"
+                    f"member {member} of {members} did not arrive at {name!r} within "
+                    f"{timeout_s:g} s"
                 ) from None
             values.append(struct.unpack("<q", raw)[0])
         return values

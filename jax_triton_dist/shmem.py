@@ -253,6 +253,16 @@ def _heap_size_or_default(heap_size: int | None, default: int) -> int:
     return (int(heap_size) + _MIN_ALIGNMENT - 1) // _MIN_ALIGNMENT * _MIN_ALIGNMENT
 
 
+def _process_gather(name: str, members: int, index: int, value: int) -> list[int]:
+    """All-gather of one int64 among PEs of different processes (``nvshmem``); ``name``
+    must be unique per rendezvous and the same in every member. For the runtime."""
+    if _kv_exchange[0] is None:
+        if members == 1:
+            return [int(value)]
+        raise ShmemError("no cross-process rendezvous: SHMEM runs in one process")
+    return _kv_exchange[0].gather(name, members, index, value, wait_timeout())
+
+
 def _init_nvshmem(n_pes: int | None, heap_size: int | None) -> None:
     from jax_triton_dist import nvshmem_bootstrap
 

@@ -2,7 +2,9 @@
 
 Everywhere: backend selection and the errors of a misconfigured start. On a GPU: NVSHMEM
 started with one PE through the unique-id path, then the host API on its heap — in a
-subprocess, because NVSHMEM runs once per process.
+subprocess, because NVSHMEM runs once per process; and jobs of 2 and 4 processes
+(``jax.distributed``, all on one GPU: NVSHMEM allows it) running the host API and every
+collective and fused op with one rank per process.
 """
 
 import os
@@ -13,8 +15,13 @@ import textwrap
 import jax
 import pytest
 from gpu_support import have_gpu
+from multiprocess import run_processes
 
 from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
+
+needs_nvshmem_gpu = pytest.mark.skipif(
+    not have_gpu() or not _shmem.has_nvshmem(),
+    reason="needs a GPU and a build with the nvshmem backend")
 
 
 def test_default_backend_is_nvshmem_for_one_gpu_per_process(monkeypatch):
@@ -94,8 +101,7 @@ ONE_PE = textwrap.dedent("""
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not have_gpu() or not _shmem.has_nvshmem(),
-                    reason="needs a GPU and a build with the nvshmem backend")
+@needs_nvshmem_gpu
 def test_nvshmem_one_pe_through_unique_id():
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NVSHMEM_DISABLE_NVLS="1",
                CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
@@ -106,15 +112,35 @@ def test_nvshmem_one_pe_through_unique_id():
     print(result.stdout.strip().splitlines()[-1])
 
 
-def test_kernel_teams_across_processes_fail_clearly(monkeypatch):
+def test_kernel_teams_across_processes_need_one_gpu_per_process(monkeypatch):
     from types import SimpleNamespace
 
     from jax_triton_dist.runtime import cuda_dispatch
 
-    site = SimpleNamespace(label="all_gather_kernel", num_ranks=8)
-    monkeypatch.setattr(jax, "process_count", lambda: 8)
-    monkeypatch.setattr(jax, "local_device_count", lambda *a: 1)
-    with pytest.raises(NotImplementedError, match="team has 8 ranks but this process drives 1"):
-        cuda_dispatch._check_team_is_local(site)
-    monkeypatch.setattr(jax, "local_device_count", lambda *a: 8)  # TP inside a node
-    cuda_dispatch._check_team_is_local(site)
+    site = SimpleNamespace(label="all_gather_kernel", num_ranks=16)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "local_device_count", lambda *a: 8)
+    with pytest.raises(NotImplementedError, match="team has 16 ranks but this process drives 8"):
+        cuda_dispatch._check_team_fits(site)
+    site.num_ranks = 8  # TP inside a node
+    cuda_dispatch._check_team_fits(site)
+    monkeypatch.setattr(jax, "process_count", lambda: 16)
+    monkeypatch.setattr(jax, "local_device_count", lambda *a: 1)  # one GPU per process
+    site.num_ranks = 16
+    cuda_dispatch._check_team_fits(site)
+
+
+@pytest.mark.gpu
+@needs_nvshmem_gpu
+@pytest.mark.parametrize("processes", [2, 4])
+def test_host_api_across_processes(processes):
+    for out in run_processes("shmem_pes.py", processes):
+        assert f"of {processes}: ok" in out, out[-2000:]
+
+
+@pytest.mark.gpu
+@needs_nvshmem_gpu
+@pytest.mark.parametrize("processes", [2, 4])
+def test_kernels_across_processes(processes):
+    for out in run_processes("kernels.py", processes, "5", timeout=600):
+        assert f"of {processes}: ok" in out, out[-2000:]

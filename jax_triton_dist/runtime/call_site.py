@@ -23,8 +23,8 @@ import numpy as np
 from jax_triton_dist import _shmem as _lib
 from jax_triton_dist import shmem
 
-__all__ = ["ArraySpec", "CallSite", "TeamState", "allocate_region", "find", "lookup",
-           "register"]
+__all__ = ["ArraySpec", "CallSite", "TeamState", "allocate_region", "local_pes", "find",
+           "lookup", "register"]
 
 ALIGN = 256
 
@@ -53,6 +53,7 @@ class TeamState:
     pes: list[int | None]
     generation: int  # SHMEM generation the region belongs to
     region: Any = None  # the backend's description of the team's symmetric region
+    name: str = ""  # teams across processes: the name of their rendezvous
     epochs: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
@@ -155,9 +156,38 @@ class CallSite:
         return rank, team
 
 
+    def join_processes(self, coords: tuple[int, ...], pe: int, name: str,
+                       gather: Callable[[str, int, int, int], list[int]],
+                       allocate: Callable[[CallSite, TeamState], Any]) -> tuple[int, TeamState]:
+        """:meth:`join` for teams whose ranks live in different processes (one PE per
+        process): the ranks swap their PEs through ``gather(name, members, index, value)``
+        (a cross-process all-gather; ``name`` identifies the call site in every process),
+        then each process calls ``allocate(site, team)``, which must agree with the other
+        processes through ``gather`` too.
+        """
+        rank = coords[self.axis]
+        key = coords[: self.axis] + coords[self.axis + 1:]
+        with self.cond:
+            team = self.teams.get(key)
+            if team is None or team.generation != shmem.generation():
+                team_name = f"{name}/team{'-'.join(map(str, key))}"
+                pes = gather(f"{team_name}/pes", self.num_ranks, rank, pe)
+                team = TeamState(pes=pes, generation=shmem.generation(), name=team_name)
+                team.region = allocate(self, team)
+                self.teams[key] = team
+        return rank, team
+
+
+def local_pes(team: TeamState) -> list[int]:
+    """The team's PEs whose memory this process initialises (all, in one process)."""
+    mine = _lib.process_pe()
+    return list(team.pes) if mine < 0 else [pe for pe in team.pes if pe == mine]
+
+
 def allocate_region(site: CallSite, team: TeamState, extra: int = 0) -> int:
     """The team's symmetric region (``site.region_layout`` plus ``extra`` bytes): one
-    offset reserved in every PE heap, zeroed on the team's members. Returns the offset."""
+    offset reserved in every PE heap, zeroed on the team's members (those of this
+    process). Returns the offset."""
     _, _, _, total = site.region_layout
     total = aligned(total) + extra
     try:
@@ -168,7 +198,7 @@ def allocate_region(site: CallSite, team: TeamState, extra: int = 0) -> int:
             f"bytes per rank (heap {_lib.heap_size()} bytes, {_lib.allocated_bytes()} in use; "
             f"{error}); raise {shmem.HEAP_SIZE_ENV}"
         ) from None
-    for pe in team.pes:
+    for pe in local_pes(team):
         _lib.memset(pe, _lib.heap_base(pe) + offset, 0, total)
     return offset
 

@@ -50,42 +50,79 @@ def _drop_plans() -> None:
 shmem._on_finalize(_drop_plans)
 
 
-def ensure_shmem(device: int) -> None:
-    """Initialises the ``cuda`` SHMEM backend over every local GPU (PE ``i`` = GPU ``i``)
-    unless SHMEM runs already; checks that PE ``device`` lives on GPU ``device``."""
+def ensure_shmem(device: int) -> int:
+    """Starts SHMEM for the GPU runtime unless it runs, on the backend
+    :func:`shmem.init` would choose: ``cuda`` over every local GPU (PE ``i`` = GPU ``i``),
+    or ``nvshmem`` when each process of a multi-process job has one GPU. Returns the PE of
+    GPU ``device``."""
     with _init_lock:
         if not _lib.initialized():
-            count = _cuda.device_count()
-            shmem.init(n_pes=count, backend="cuda", devices=list(range(count)))
-    if _lib.backend_name() != "cuda":
+            if shmem._default_backend() == "nvshmem":
+                shmem.init(backend="nvshmem")
+            else:
+                count = _cuda.device_count()
+                shmem.init(n_pes=count, backend="cuda", devices=list(range(count)))
+    backend = _lib.backend_name()
+    if backend == "nvshmem":
+        pe = _lib.process_pe()
+        if _lib.device_of(pe) != device:
+            raise shmem.ShmemError(
+                f"GPU {device} runs a distributed kernel, but this process's NVSHMEM PE {pe} "
+                f"is on GPU {_lib.device_of(pe)}")
+        return pe
+    if backend != "cuda":
         raise shmem.ShmemError(
-            f"SHMEM runs the {_lib.backend_name()!r} backend, but GPU {device} runs a "
-            "distributed kernel, which needs 'cuda' (one process driving the team's GPUs; "
-            "the nvshmem backend serves the SHMEM host API only so far): finalize SHMEM, "
-            "or initialise it with backend='cuda'")
+            f"SHMEM runs the {backend!r} backend, but GPU {device} runs a distributed kernel, "
+            "which needs 'cuda' or 'nvshmem': finalize SHMEM before switching platforms")
     if device >= _lib.n_pes() or _lib.device_of(device) != device:
         where = (f"PE {device} is on GPU {_lib.device_of(device)}" if device < _lib.n_pes()
                  else f"there are only {_lib.n_pes()} PEs")
         raise shmem.ShmemError(
             f"GPU {device} runs a distributed kernel as PE {device}, but {where}: initialise "
             "SHMEM with devices=range(number of GPUs), or let the runtime initialise it")
+    return device
 
 
 def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[int, int]]:
     """Allocates the team's region in the SHMEM heaps, with each member's context after
-    the workspaces; returns ``(region, ctx)`` per rank."""
+    the workspaces (written by the member's process); returns ``(region, ctx)`` per rank.
+
+    A team across processes (``team.name`` set) checks that every process reserved the
+    same offset and leaves only when every member's region is zeroed and its context
+    written, so no rank writes into a peer's region before the peer initialised it.
+    """
     _, _, _, total = site.region_layout
     ctx_size = _CTX_HEADER.size + 8 * site.num_ranks
     offset = call_site.allocate_region(site, team, extra=call_site.aligned(ctx_size))
-    ctx_offset = offset + call_site.aligned(total)
     heaps = [_lib.heap_base(pe) for pe in team.pes]
+    local = call_site.local_pes(team)
+    me = team.pes.index(local[0]) if team.name else None
+    if team.name:
+        offsets = shmem._process_gather(f"{team.name}/region", site.num_ranks, me, offset)
+        if len(set(offsets)) != 1:
+            _lib.release(offset)
+            raise shmem.ShmemError(
+                f"kernel {site.label}: the team's processes reserved different heap offsets "
+                f"for its workspaces ({offsets}): every process must run the same kernels in "
+                "the same order")
+        unreachable = [pe for pe, heap in zip(team.pes, heaps, strict=True) if heap == 0]
+        if unreachable:
+            _lib.release(offset)
+            raise NotImplementedError(
+                f"kernel {site.label}: PE(s) {unreachable} of its team are not reachable by "
+                f"load/store from PE {local[0]} (another node: no nvshmem_ptr mapping); "
+                "kernels across nodes need NVSHMEM device calls, which are not supported yet")
+    ctx_offset = offset + call_site.aligned(total)
     timeout_ns = int(shmem.wait_timeout() * 1e9)
     result = []
     for rank, (pe, heap) in enumerate(zip(team.pes, heaps, strict=True)):
-        header = _CTX_HEADER.pack(rank, site.num_ranks, 0, 0, heap + offset, timeout_ns)
-        ctx = np.frombuffer(header + struct.pack(f"<{len(heaps)}Q", *heaps), np.uint8)
-        _lib.copy(pe, heap + ctx_offset, ctx.ctypes.data, ctx.nbytes)
+        if pe in local:
+            header = _CTX_HEADER.pack(rank, site.num_ranks, 0, 0, heap + offset, timeout_ns)
+            ctx = np.frombuffer(header + struct.pack(f"<{len(heaps)}Q", *heaps), np.uint8)
+            _lib.copy(pe, heap + ctx_offset, ctx.ctypes.data, ctx.nbytes)
         result.append((heap + offset, heap + ctx_offset))
+    if team.name:
+        shmem._process_gather(f"{team.name}/ready", site.num_ranks, me, 1)
     return result
 
 
@@ -159,25 +196,29 @@ def bind_context(device: int, module: int, kernel: Any, ctx: int) -> None:
     _cuda.write(device, address, struct.pack("<Q", ctx))
 
 
-def _check_team_is_local(site: call_site.CallSite) -> None:
+def _check_team_fits(site: call_site.CallSite) -> None:
     import jax
 
     local = jax.local_device_count()
-    if jax.process_count() > 1 and site.num_ranks > local:
+    if jax.process_count() > 1 and site.num_ranks > local > 1:
         raise NotImplementedError(
             f"kernel {site.label}: its team has {site.num_ranks} ranks but this process drives "
-            f"{local} GPU(s): teams that span processes (one process per GPU, the nvshmem "
-            "backend) are not supported by triton_call yet; lay the kernel's mesh axis out "
-            "within each process (e.g. tensor parallelism inside a node)")
+            f"{local} GPUs: a team spans processes only with one GPU per process (the "
+            "nvshmem backend); lay the kernel's mesh axis out within each process, or start "
+            "one process per GPU")
 
 
 def _plan(call_id: int, device: int, coords_addr: int) -> None:
     site = call_site.lookup(call_id)
-    _check_team_is_local(site)
-    ensure_shmem(device)
+    _check_team_fits(site)
+    pe = ensure_shmem(device)
     raw = _cuda.read(device, coords_addr, 4 * len(site.mesh_axes))
     coords = tuple(int(c) for c in np.frombuffer(raw, np.int32))
-    rank, team = site.join(coords, device, shmem.wait_timeout(), regions)
+    if _lib.process_pe() >= 0:  # nvshmem: this process holds one rank of each team
+        rank, team = site.join_processes(coords, pe, f"site{call_id}", shmem._process_gather,
+                                         regions)
+    else:
+        rank, team = site.join(coords, device, shmem.wait_timeout(), regions)
     region, ctx = team.region[rank]
     signature, kernel = compile_site(call_id, site)
     module, function = _cuda.load_function(device, kernel.asm["cubin"], kernel.metadata.name,
