@@ -40,6 +40,18 @@ def library_path() -> str:
     return os.path.join(list(nvidia.nvshmem.__path__)[0], "lib", "libnvshmem_host.so.3")
 
 
+def device_library_path(capability: int = 90) -> str | None:
+    """NVSHMEM's device bitcode next to the host library: ``libnvshmem_device_sm_<cc>.bc``
+    (NVSHMEM >= 3.5 ships one per architecture), else ``libnvshmem_device.bc``; None if
+    neither is there."""
+    lib = os.path.dirname(library_path())
+    for name in (f"libnvshmem_device_sm_{capability}.bc", "libnvshmem_device.bc"):
+        path = os.path.join(lib, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
 def _client():
     from jax._src import distributed
 

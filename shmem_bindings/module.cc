@@ -111,6 +111,16 @@ NB_MODULE(_shmem, m) {
   }, "library"_a);
   m.def("nvshmem_version", &NvshmemVersion, "library"_a);
 #endif
+  m.def("nvshmem_cumodule_init", [](uintptr_t module) {
+#ifdef JTD_WITH_NVSHMEM
+    if (auto* nv = dynamic_cast<NvshmemBackend*>(&Get())) {
+      nv->InitModule(module);
+      return;
+    }
+#endif
+    throw ShmemError("a kernel module holds NVSHMEM device code, but SHMEM does not run the "
+                     "nvshmem backend");
+  }, "module"_a);
   // This process's PE where the backend has one (nvshmem), else -1.
   m.def("process_pe", [] {
 #ifdef JTD_WITH_NVSHMEM

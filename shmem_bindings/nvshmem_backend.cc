@@ -37,6 +37,7 @@ struct Nvshmem {
   void (*free)(void*);
   void* (*ptr)(const void*, int);
   void (*info_get_version)(int*, int*);
+  int (*cumodule_init)(CUmodule);
 };
 
 template <typename T>
@@ -84,6 +85,7 @@ const Nvshmem& Library(const std::string& path) {
   Resolve(handle, path, t->free, "nvshmem_free");
   Resolve(handle, path, t->ptr, "nvshmem_ptr");
   Resolve(handle, path, t->info_get_version, "nvshmem_info_get_version");
+  Resolve(handle, path, t->cumodule_init, "nvshmemx_cumodule_init");
   lib = t;
   return *lib;
 }
@@ -188,6 +190,15 @@ void NvshmemBackend::Shutdown() noexcept {
     heap_ = nullptr;
     nv.hostlib_finalize();
   } catch (...) {
+  }
+}
+
+void NvshmemBackend::InitModule(uintptr_t module) {
+  const auto& nv = *static_cast<const Nvshmem*>(library_);
+  DeviceScope scope(device_);
+  if (int rc = nv.cumodule_init(reinterpret_cast<CUmodule>(module)); rc != 0) {
+    throw ShmemError("nvshmemx_cumodule_init failed (error " + std::to_string(rc) +
+                     ") on a kernel module of PE " + std::to_string(my_pe_));
   }
 }
 

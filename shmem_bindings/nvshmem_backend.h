@@ -45,6 +45,9 @@ class NvshmemBackend final : public Backend {
   void signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op, int itemsize) override;
   uint64_t load(int pe, uintptr_t addr, int itemsize) override;
   void quiet(int pe) override;
+  // Binds a loaded kernel module that holds NVSHMEM device code to this NVSHMEM instance
+  // (nvshmemx_cumodule_init).
+  void InitModule(uintptr_t module);
 
  private:
   void CheckLocal(int pe, const char* what) const;

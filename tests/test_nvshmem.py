@@ -144,3 +144,27 @@ def test_host_api_across_processes(processes):
 def test_kernels_across_processes(processes):
     for out in run_processes("kernels.py", processes, "5", timeout=600):
         assert f"of {processes}: ok" in out, out[-2000:]
+
+
+@pytest.mark.gpu
+@needs_nvshmem_gpu
+def test_nvshmem_device_calls_across_processes():
+    for out in run_processes("nvshmem_device.py", 2):
+        assert "of 2: ok" in out, out[-2000:]
+
+
+def test_nvshmem_device_calls_need_the_nvshmem_backend():
+    import numpy as np
+    import triton
+
+    import jax_triton_dist.language as dl
+    from jax_triton_dist.runtime import cuda_compile
+
+    @triton.jit
+    def put_kernel(x_ptr, buf_ptr, n):
+        dl.nvshmem.putmem_nbi_block(buf_ptr, x_ptr, n, 0)
+
+    f32 = ("pointer", np.dtype(np.float32))
+    sig, cx = cuda_compile.signature_of(put_kernel, [f32, f32], {"n": 64})
+    with pytest.raises(Exception, match="compiles only for the nvshmem SHMEM backend"):
+        cuda_compile.compile_kernel(put_kernel, sig, cx)

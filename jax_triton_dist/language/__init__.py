@@ -13,9 +13,11 @@ Primitives (``rank``, ``num_ranks``, ``epoch``, ``symm_at``, ``wait``, ``notify`
 ``consume_token``, ``fence``, ``extern_call``) hide the backend; the device SHMEM
 calls (``putmem``, ``getmem``, ``putmem_signal``, ``signal_op``, ``signal_wait_until``,
 ``barrier_all``, ``quiet``, ``my_pe``, ``n_pes``, ``ptr``) are ``@triton.jit`` functions
-built on them. Kernels using them are launched with ``jax_triton_dist.triton_call``.
+built on them. ``dl.nvshmem`` holds NVSHMEM's own device calls (the ``nvshmem`` backend
+only). Kernels using them are launched with ``jax_triton_dist.triton_call``.
 """
 
+from jax_triton_dist.language import nvshmem
 from jax_triton_dist.language.primitives import (
     barrier_area,
     consume_token,
@@ -46,5 +48,5 @@ __all__ = [
     "rank", "num_ranks", "epoch", "symm_at", "wait", "notify", "consume_token", "fence",
     "barrier_area", "extern_call", "register_interpreter_extern",
     "my_pe", "n_pes", "ptr", "putmem", "getmem", "putmem_signal", "signal_op",
-    "signal_wait_until", "barrier_all", "quiet",
+    "signal_wait_until", "barrier_all", "quiet", "nvshmem",
 ]

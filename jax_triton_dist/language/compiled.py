@@ -25,9 +25,19 @@ LIB_PATH = os.path.join(os.path.dirname(__file__), "libjtd_device.ll")
 _SCOPE_PTX = {"cta": "cta", "gpu": "gpu", "sys": "sys"}
 
 
-def extern_libs() -> dict[str, str]:
-    """The ``extern_libs`` option every compiled distributed kernel needs."""
-    return {LIB_NAME: LIB_PATH}
+NVSHMEM_LIB_NAME = "libjtd_nvshmem"
+NVSHMEM_LIB_PATH = os.path.join(os.path.dirname(__file__), "libjtd_nvshmem.ll")
+
+
+def extern_libs(nvshmem_device_lib: str | None = None) -> dict[str, str]:
+    """The ``extern_libs`` option every compiled distributed kernel needs; with NVSHMEM's
+    device bitcode (``libnvshmem_device.bc``), also the NVSHMEM wrappers and the bitcode
+    (in that order: Triton links each library only for what is still undefined)."""
+    libs = {LIB_NAME: LIB_PATH}
+    if nvshmem_device_lib:
+        libs[NVSHMEM_LIB_NAME] = NVSHMEM_LIB_PATH
+        libs["libnvshmem_device"] = nvshmem_device_lib
+    return libs
 
 
 def _ctx_call(symbol: str, ret: tl.dtype, args: list, arg_types: tuple, _semantic):
@@ -52,6 +62,94 @@ def static_num_ranks(n: int | None):
         yield
     finally:
         _static.num_ranks = previous
+
+
+class NeedsNvshmem(Exception):  # noqa: N818 - a signal to the compiler, not an error
+    """Raised while compiling a kernel that makes ``dl.nvshmem`` calls without NVSHMEM's
+    device bitcode, when the bitcode is available: compile again with it."""
+
+
+@contextlib.contextmanager
+def nvshmem_linked(state: str):
+    """How ``dl.nvshmem`` calls compile inside the block: ``"linked"`` (NVSHMEM's device
+    bitcode is linked), ``"available"`` (it can be: raise :class:`NeedsNvshmem`), or
+    ``"absent"`` (an error: not the nvshmem backend)."""
+    previous = getattr(_static, "nvshmem", "absent")
+    _static.nvshmem = state
+    try:
+        yield
+    finally:
+        _static.nvshmem = previous
+
+
+# NVSHMEM's signal operations (nvshmemx_signal_op_t).
+_NVSHMEM_SIGNAL_OPS = {"set": 9, "add": 10}
+
+
+def _nvshmem_call(symbol: str, args: list, types: tuple, _semantic):
+    state = getattr(_static, "nvshmem", "absent")
+    if state == "available":
+        raise NeedsNvshmem(symbol)
+    if state != "linked":
+        raise NotImplementedError(
+            f"dl.nvshmem: {symbol.removeprefix('jtd_nvshmem_')} is an NVSHMEM device call: it "
+            "compiles only for the nvshmem SHMEM backend (one process per GPU, "
+            "jax.distributed); with other backends use dl.putmem / dl.getmem / dl.signal_op")
+    return core.extern_elementwise(NVSHMEM_LIB_NAME, NVSHMEM_LIB_PATH, args,
+                                   {types: (symbol, tl.int32)}, is_pure=False,
+                                   _semantic=_semantic)
+
+
+def _address(ptr, what: str, _semantic):
+    if not isinstance(ptr, tl.tensor) or not ptr.dtype.is_ptr() or ptr.type.is_block():
+        raise TypeError(f"dl.nvshmem: {what} must be a scalar pointer, got {ptr!r}")
+    return core.cast(ptr, tl.int64, bitcast=True, _semantic=_semantic)
+
+
+def _nbytes(ptr, nelems, _semantic):
+    itemsize = max(1, ptr.dtype.element_ty.primitive_bitwidth // 8)
+    count = core.cast(_semantic.to_tensor(nelems), tl.int64, _semantic=_semantic)
+    return _semantic.mul(count, _semantic.to_tensor(itemsize), True)
+
+
+def _pe_of(rank_, _semantic):
+    """The NVSHMEM PE of team rank ``rank_`` (from the rank context)."""
+    rank_ = core.cast(_semantic.to_tensor(rank_), tl.int32, _semantic=_semantic)
+    return _ctx_call("jtd_pe", tl.int32, [rank_], (tl.int32,), _semantic)
+
+
+def nvshmem_put(dest, source, nelems, peer, sig_addr, signal, sig_op, _semantic):
+    i64, i32 = tl.int64, tl.int32
+    args = [_address(dest, "dest", _semantic), _address(source, "source", _semantic),
+            _nbytes(dest, nelems, _semantic)]
+    pe = _pe_of(peer, _semantic)
+    if sig_addr is None:
+        return _nvshmem_call("jtd_nvshmem_putmem_nbi_block", args + [pe], (i64, i64, i64, i32),
+                             _semantic)
+    value = core.cast(_semantic.to_tensor(signal), i64, _semantic=_semantic)
+    op = _semantic.to_tensor(_NVSHMEM_SIGNAL_OPS[sig_op])
+    return _nvshmem_call("jtd_nvshmem_putmem_signal_nbi_block",
+                         args + [_address(sig_addr, "sig_addr", _semantic), value, op, pe],
+                         (i64, i64, i64, i64, i64, i32, i32), _semantic)
+
+
+def nvshmem_get(dest, source, nelems, peer, _semantic):
+    args = [_address(dest, "dest", _semantic), _address(source, "source", _semantic),
+            _nbytes(dest, nelems, _semantic), _pe_of(peer, _semantic)]
+    return _nvshmem_call("jtd_nvshmem_getmem_block", args, (tl.int64, tl.int64, tl.int64,
+                                                               tl.int32), _semantic)
+
+
+def nvshmem_signal_op(sig_addr, signal, sig_op, peer, _semantic):
+    value = core.cast(_semantic.to_tensor(signal), tl.int64, _semantic=_semantic)
+    args = [_address(sig_addr, "sig_addr", _semantic), value,
+            _semantic.to_tensor(_NVSHMEM_SIGNAL_OPS[sig_op]), _pe_of(peer, _semantic)]
+    return _nvshmem_call("jtd_nvshmem_signal_op", args, (tl.int64, tl.int64, tl.int32,
+                                                           tl.int32), _semantic)
+
+
+def nvshmem_simple(symbol: str, _semantic):
+    return _nvshmem_call(f"jtd_nvshmem_{symbol}", [], (), _semantic)
 
 
 def rank(_semantic):

@@ -9,6 +9,7 @@
 ;   offset 16  i64 barrier_area     (address of num_ranks u64 counters)
 ;   offset 24  i64 timeout_ns       (dl.wait watchdog)
 ;   offset 32  i64 heap_base[num_ranks]
+;   then       i32 pe[num_ranks]    (each rank's SHMEM PE: NVSHMEM device calls take PEs)
 ; Linked into kernels through Triton's extern_libs (text IR is accepted).
 
 @jtd_ctx = addrspace(1) externally_initialized global i64 0, align 8
@@ -57,4 +58,17 @@ define i64 @jtd_heap_base(i32 %rank) alwaysinline {
   %p = call ptr addrspace(1) @jtd_field(i64 %offset)
   %v = load i64, ptr addrspace(1) %p, align 8
   ret i64 %v
+}
+
+define i32 @jtd_pe(i32 %rank) alwaysinline {
+  %n = call i32 @jtd_num_ranks()
+  %n64 = sext i32 %n to i64
+  %table = mul i64 %n64, 8
+  %start = add i64 %table, 32
+  %r = sext i32 %rank to i64
+  %scaled = mul i64 %r, 4
+  %offset = add i64 %start, %scaled
+  %p = call ptr addrspace(1) @jtd_field(i64 %offset)
+  %v = load i32, ptr addrspace(1) %p, align 4
+  ret i32 %v
 }

@@ -21,7 +21,7 @@ from triton.runtime.jit import mangle_type
 from jax_triton_dist.language import compiled as _compiled
 from jax_triton_dist.runtime import interpreter
 
-__all__ = ["compile_kernel", "signature_of", "CTX_SYMBOL"]
+__all__ = ["compile_kernel", "signature_of", "uses_nvshmem", "CTX_SYMBOL"]
 
 CTX_SYMBOL = "jtd_ctx"
 
@@ -99,7 +99,10 @@ def _lowering_key() -> str:
     from jax_triton_dist.language import primitives
 
     digest = hashlib.sha256()
-    for path in (_compiled.__file__, _compiled.LIB_PATH, primitives.__file__):
+    from jax_triton_dist.language import nvshmem
+
+    for path in (_compiled.__file__, _compiled.LIB_PATH, _compiled.NVSHMEM_LIB_PATH,
+                 primitives.__file__, nvshmem.__file__):
         with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()
@@ -117,16 +120,52 @@ class _Source(ASTSource):
 
 def compile_kernel(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any], *,
                    attrs: dict | None = None, capability: int = 90, num_warps: int = 4,
-                   num_stages: int = 3, num_ranks: int | None = None):
+                   num_stages: int = 3, num_ranks: int | None = None,
+                   nvshmem_device_lib: str | None = None):
     """``triton.compile`` for ``sm_<capability>`` with the device library linked.
 
     ``num_ranks``: the launch's rank count, compiled in as a constant (loops over ranks
     get constant bounds; one rank folds every exchange away); None reads it at run time.
+    ``nvshmem_device_lib``: NVSHMEM's ``libnvshmem_device.bc``, linked so that the kernel
+    may make ``dl.nvshmem`` calls (its module then needs ``nvshmemx_cumodule_init``).
     """
     source = _Source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs,
                      num_ranks=num_ranks)
     options = {"extern_libs": tuple(_compiled.extern_libs().items()), "num_warps": num_warps,
                "num_stages": num_stages}
-    with _compiled.static_num_ranks(num_ranks):
-        return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                              options=options)
+    target = GPUTarget("cuda", capability, 32)
+    try:
+        with _compiled.static_num_ranks(num_ranks), _compiled.nvshmem_linked(
+                "available" if nvshmem_device_lib else "absent"):
+            return triton.compile(source, target=target, options=options)
+    except Exception as error:  # Triton wraps what a builtin raises
+        if not _caused_by(error, _compiled.NeedsNvshmem):
+            raise
+    # The kernel makes dl.nvshmem calls: link NVSHMEM's device library (only then: it is
+    # large, and only some NVSHMEM releases' bitcode is readable by Triton's LLVM).
+    options["extern_libs"] = tuple(_compiled.extern_libs(nvshmem_device_lib).items())
+    try:
+        with _compiled.static_num_ranks(num_ranks), _compiled.nvshmem_linked("linked"):
+            return triton.compile(source, target=target, options=options)
+    except ValueError as error:
+        if "Failed to parse library" not in str(error):
+            raise
+        raise RuntimeError(
+            f"{getattr(kernel, '__name__', kernel)}: Triton cannot read NVSHMEM's device "
+            f"bitcode {nvshmem_device_lib} (built by a newer LLVM than Triton's); dl.nvshmem "
+            "calls need an NVSHMEM release whose bitcode Triton reads (3.4.5 is known to "
+            "work with Triton 3.6)") from None
+
+
+def _caused_by(error: BaseException, kind: type) -> bool:
+    while error is not None:
+        if isinstance(error, kind):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def uses_nvshmem(kernel: Any) -> bool:
+    """Whether a compiled kernel holds NVSHMEM device code (its loaded module needs
+    ``nvshmemx_cumodule_init``)."""
+    return "nvshmemi_device_state_d" in kernel.asm["ptx"]

@@ -92,7 +92,7 @@ def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[i
     written, so no rank writes into a peer's region before the peer initialised it.
     """
     _, _, _, total = site.region_layout
-    ctx_size = _CTX_HEADER.size + 8 * site.num_ranks
+    ctx_size = _CTX_HEADER.size + 12 * site.num_ranks  # header, heap bases, PEs
     offset = call_site.allocate_region(site, team, extra=call_site.aligned(ctx_size))
     heaps = [_lib.heap_base(pe) for pe in team.pes]
     local = call_site.local_pes(team)
@@ -118,7 +118,8 @@ def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[i
     for rank, (pe, heap) in enumerate(zip(team.pes, heaps, strict=True)):
         if pe in local:
             header = _CTX_HEADER.pack(rank, site.num_ranks, 0, 0, heap + offset, timeout_ns)
-            ctx = np.frombuffer(header + struct.pack(f"<{len(heaps)}Q", *heaps), np.uint8)
+            table = struct.pack(f"<{len(heaps)}Q{len(heaps)}i", *heaps, *team.pes)
+            ctx = np.frombuffer(header + table, np.uint8)
             _lib.copy(pe, heap + ctx_offset, ctx.ctypes.data, ctx.nbytes)
         result.append((heap + offset, heap + ctx_offset))
     if team.name:
@@ -145,9 +146,20 @@ def compile_site(call_id: int, site: call_site.CallSite):
             kernel = cuda_compile.compile_kernel(
                 site.kernel, signature, constexprs, attrs=attrs,
                 num_warps=site.launch.get("num_warps", 4),
-                num_stages=site.launch.get("num_stages", 3), num_ranks=site.num_ranks)
+                num_stages=site.launch.get("num_stages", 3), num_ranks=site.num_ranks,
+                nvshmem_device_lib=_nvshmem_device_lib())
             _compiled[call_id] = (signature, kernel)
         return _compiled[call_id]
+
+
+def _nvshmem_device_lib() -> str | None:
+    """NVSHMEM's device bitcode when kernels run on the nvshmem backend (so that they may
+    make ``dl.nvshmem`` calls), else None."""
+    if not _lib.initialized() or _lib.backend_name() != "nvshmem":
+        return None
+    from jax_triton_dist import nvshmem_bootstrap
+
+    return nvshmem_bootstrap.device_library_path()
 
 
 def _value(type_name: str, value: Any) -> tuple[int, int, int, int]:
@@ -224,6 +236,8 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
     module, function = _cuda.load_function(device, kernel.asm["cubin"], kernel.metadata.name,
                                            kernel.metadata.shared)
     bind_context(device, module, kernel, ctx)
+    if cuda_compile.uses_nvshmem(kernel):
+        _lib.nvshmem_cumodule_init(module)
     grid = list(site.grid) + [1] * (3 - len(site.grid))
     _cuda.set_plan(call_id, device, function, grid, 32 * kernel.metadata.num_warps,
                    kernel.metadata.shared, launch_params(site, signature, region), ctx + 8)
