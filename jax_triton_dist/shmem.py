@@ -202,13 +202,13 @@ def init(n_pes: int | None = None, heap_size: int | None = None, backend: str | 
     backend = backend or _default_backend()
     if backend not in BACKENDS:
         raise ValueError(f"shmem.init: unknown backend {backend!r} (expected one of {BACKENDS})")
+    if backend != "cuda" and devices is not None:
+        raise ValueError(f"shmem.init: devices= is for the cuda backend ({backend!r} chooses "
+                         "its devices)")
     if backend not in available_backends():
         needs = "NVSHMEM's headers" if backend == "nvshmem" else "the CUDA headers"
         raise ShmemError(f"shmem.init: this build has no {backend!r} backend (built without "
                          f"{needs})")
-    if backend != "cuda" and devices is not None:
-        raise ValueError(f"shmem.init: devices= is for the cuda backend ({backend!r} chooses "
-                         "its devices)")
     if backend == "nvshmem":
         _init_nvshmem(n_pes, heap_size)
         return
