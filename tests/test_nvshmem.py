@@ -13,10 +13,16 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+import triton
 from gpu_support import have_gpu
+from jax.sharding import PartitionSpec as P
 from multiprocess import run_processes
 
+import jax_triton_dist as jtd
+import jax_triton_dist.language as dl
 from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
 
 needs_nvshmem_gpu = pytest.mark.skipif(
@@ -66,7 +72,9 @@ def test_nvshmem_library_from_environment(monkeypatch):
 
 ONE_PE = textwrap.dedent("""
     import numpy as np
-    from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
+    import jax_triton_dist as jtd
+import jax_triton_dist.language as dl
+from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
 
     shmem.init(backend="nvshmem", heap_size=64 << 20)
     assert shmem.backend() == "nvshmem", shmem.backend()
@@ -153,18 +161,30 @@ def test_nvshmem_device_calls_across_processes():
         assert "of 2: ok" in out, out[-2000:]
 
 
+@triton.jit
+def put_kernel(x_ptr, buf_ptr, n):
+    dl.nvshmem.putmem_nbi_block(buf_ptr, x_ptr, n, 0)
+
+
 def test_nvshmem_device_calls_need_the_nvshmem_backend():
-    import numpy as np
-    import triton
-
-    import jax_triton_dist.language as dl
     from jax_triton_dist.runtime import cuda_compile
-
-    @triton.jit
-    def put_kernel(x_ptr, buf_ptr, n):
-        dl.nvshmem.putmem_nbi_block(buf_ptr, x_ptr, n, 0)
 
     f32 = ("pointer", np.dtype(np.float32))
     sig, cx = cuda_compile.signature_of(put_kernel, [f32, f32], {"n": 64})
     with pytest.raises(Exception, match="compiles only for the nvshmem SHMEM backend"):
         cuda_compile.compile_kernel(put_kernel, sig, cx)
+
+
+@triton.jit
+def quiet_kernel(x_ptr, out_ptr):
+    dl.nvshmem.quiet()
+
+
+def test_nvshmem_device_calls_fail_clearly_in_the_interpreter():
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices("cpu")[:2])
+    f = jax.jit(jax.shard_map(
+        lambda x: jtd.triton_call(quiet_kernel, x, out_shape=jax.ShapeDtypeStruct(x.shape,
+                                  x.dtype), grid=(1,), axis_name="x"),
+        mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+    with pytest.raises(Exception, match="dl.nvshmem calls are NVSHMEM device functions"):
+        f(jax.device_put(jnp.ones(4), jax.NamedSharding(mesh, P("x")))).block_until_ready()
