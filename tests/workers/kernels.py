@@ -1,6 +1,8 @@
-"""The collectives and fused ops across processes (nvshmem backend, one rank per process),
-checked on each process's shards against NumPy references of the whole computation."""
+"""The collectives, fused ops and MoE dispatch/combine across processes (nvshmem backend,
+one rank per process), checked on each process's shards against NumPy references of the
+whole computation."""
 
+import os
 import sys
 
 import jax
@@ -9,6 +11,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from job import start
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_moe import model, routing  # noqa: E402  (the NumPy model of MoE routing)
 
 import jax_triton_dist as jtd
 from jax_triton_dist import shmem
@@ -71,6 +76,28 @@ run("matmul_reduce_scatter", lambda a, b: jtd.matmul_reduce_scatter(to_bf(a), to
     [xr, wr], (P(None, "x"), P("x")), P("x"), xr @ wr, rtol=2e-2, atol=2e-2)
 run("matmul_all_reduce", lambda a, b: jtd.matmul_all_reduce(to_bf(a), to_bf(b), "x"),
     [xr, wr], (P(None, "x"), P("x")), P("x"), np.tile(xr @ wr, (n, 1)), rtol=2e-2, atol=2e-2)
+
+# MoE: dispatch -> expert e scales its rows by (e + 1) -> combine; a skewed router and a
+# capacity small enough to drop rows.
+t, topk, experts = 12, 2, 2 * n
+local = experts // n
+for capacity in (n * t * topk, 5):
+    tokens, ids, weights = routing(n, t, topk, experts, skew=True, seed=capacity)
+
+    def moe(x, e, w, capacity=capacity):
+        rows, route = jtd.moe_dispatch(x, e, "x", num_experts=experts, capacity=capacity)
+        scale = (jax.lax.axis_index("x") * local + jnp.arange(local) + 1).astype(x.dtype)
+        return rows, jtd.moe_combine(rows * scale[:, None, None], route, w, "x"), \
+            route.dropped[None]
+
+    f = jax.jit(jax.shard_map(moe, mesh=mesh, in_specs=(P("x"),) * 3, out_specs=(P("x"),) * 3,
+                              check_vma=False))
+    outs = f(*[global_array(a, P("x")) for a in (tokens, ids, weights)])
+    wants = model(n, tokens, ids, weights, experts, capacity)
+    for name, out, want in zip(("moe rows", "moe combine", "moe dropped"), outs, wants,
+                               strict=True):
+        check(f"{name} (capacity {capacity})", out, np.asarray(want, np.float32), P("x"),
+              1e-5, 1e-5)
 
 assert shmem.backend() == "nvshmem", shmem.backend()
 print(f"PE {me} of {n}: ok", flush=True)
