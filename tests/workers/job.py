@@ -1,14 +1,12 @@
-"""Start of every worker: join the JAX distributed job from the command line."""
-
-import sys
+"""Start of every worker: join the job that jax_triton_dist.launch started."""
 
 import jax
 
+from jax_triton_dist import launch
+
 
 def start() -> tuple[int, int]:
-    """``(process index, process count)`` after ``jax.distributed.initialize``."""
-    port, index, count = (int(a) for a in sys.argv[1:4])
-    jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=count,
-                               process_id=index, initialization_timeout=120)
-    assert jax.process_count() == count and len(jax.local_devices()) == 1
+    """``(process index, process count)`` after joining the job (one GPU per process)."""
+    index, count = launch.initialize(timeout_s=120)
+    assert len(jax.local_devices()) == 1, jax.local_devices()
     return index, count

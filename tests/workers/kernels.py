@@ -19,7 +19,7 @@ import jax_triton_dist as jtd
 from jax_triton_dist import shmem
 
 me, n = start()
-calls = int(sys.argv[4]) if len(sys.argv) > 4 else 5
+calls = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 mesh = jax.make_mesh((n,), ("x",), devices=jax.devices())
 rng = np.random.default_rng(3)  # the same draws in every process
 
