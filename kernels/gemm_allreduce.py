@@ -6,7 +6,7 @@ import triton.language as tl
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.exchange import epoch_half
 from jax_triton_dist.kernels.gemm import matmul_tile, store_tile
-from jax_triton_dist.kernels.tile_exchange import push_tile, sum_tiles_in_rank_order
+from jax_triton_dist.kernels.tile_exchange import forward_tile, keep_tile, sum_tile
 from jax_triton_dist.swizzle import grouped_tile
 
 
@@ -48,16 +48,12 @@ def matmul_all_reduce_kernel(
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
     else:
-        # ---- push it into slot `me` of every other rank, raise flag (me, tile) there;
-        # keep it in the own slot too (frees its registers for the sum) ----
+        # ---- keep it in the own slot, copy it from there into slot `me` of every other
+        # rank and raise flag (me, tile) there; then sum every rank's partial of this tile
+        # in rank order (the same bits on every rank) and store ----
+        keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
         for i in range(1, world):
-            push_tile(acc, slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
-                      num_tiles, epoch, BLOCK_M, BLOCK_N)
-        store_tile(slots + me * M * N, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
-        tl.debug_barrier()  # the whole program sees the own slot before reading it back
-
-        # ---- sum every rank's partial of this tile in rank order (the same bits on
-        # every rank), store ----
-        total = sum_tiles_in_rank_order(slots, flags, me, world, M, N, pid_m, pid_n, tile,
-                                        num_tiles, epoch, BLOCK_M, BLOCK_N)
-        store_tile(c_ptr, total, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+            forward_tile(slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
+                         num_tiles, epoch, BLOCK_M, BLOCK_N)
+        sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
+                 BLOCK_M, BLOCK_N)

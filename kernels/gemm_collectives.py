@@ -11,7 +11,7 @@ import triton.language as tl
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.exchange import epoch_half
 from jax_triton_dist.kernels.gemm import matmul_tile, store_tile
-from jax_triton_dist.kernels.tile_exchange import add_peer_tiles, push_tile
+from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile
 from jax_triton_dist.swizzle import own_last_tile, rank_rotated_tile
 
 
@@ -71,9 +71,9 @@ def matmul_reduce_scatter_kernel(
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
-    slot as soon as it is computed; the own segment's tiles then add every peer's partial
-    to their own accumulator (kept in registers). Only the last programs wait, and only for
-    other ranks' earlier tiles.
+    slot as soon as it is computed; the own segment's tiles then sum every rank's partial
+    (float32, rank order). Only the last programs wait, and only for other ranks' earlier
+    tiles.
     """
     tile = tl.program_id(0)
     me = dl.rank()
@@ -89,10 +89,12 @@ def matmul_reduce_scatter_kernel(
 
     acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1, N, 1,
                       BLOCK_M, BLOCK_N, BLOCK_K)
-    if segment != me:
+    if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
+        store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)
+    elif segment != me:
         push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n, local_tile,
                   tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
     else:
-        total = add_peer_tiles(acc, slots, flags, me, world, seg, N, local_m, pid_n,
-                               local_tile, tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
-        store_tile(c_ptr, total, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)
+        keep_tile(acc, slots, me, seg, N, local_m, pid_n, BLOCK_M, BLOCK_N)
+        sum_tile(c_ptr, slots, flags, me, world, seg, N, local_m, pid_n, local_tile,
+                 tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)

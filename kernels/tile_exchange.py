@@ -6,7 +6,8 @@ flags int32 ``[num_ranks, tiles]`` (flag ``(src, tile)``: "rank src's partial of
 landed"), both already advanced to this call's epoch half. Every access forms its
 addresses from the tile's indices, so no block of offsets or pointers stays live beside
 the accumulator (a 128x128 float32 accumulator takes 64 registers per thread at 8 warps;
-holding its offsets and mask too made the kernels spill).
+holding its offsets and mask too made the kernels spill), and sums run over row blocks of
+the tile.
 """
 
 import triton
@@ -27,32 +28,46 @@ def push_tile(acc, slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_t
 
 
 @triton.jit
-def add_peer_tiles(acc, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
-                   epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``acc`` plus every other rank's partial of the tile, each once its flag reaches
-    ``epoch``; sources ``me - 1, me - 2, ...`` (the order in which an own-last
-    GEMM + ReduceScatter finishes them).
-
-    The order of the sum depends on ``me``: for tiles that only rank ``me`` reduces.
-    """
-    for i in range(1, world):
-        src = (me + world - i) % world
-        token = dl.wait(flags + src * num_tiles + tile, 1, "sys", "acquire", epoch)
-        part = dl.consume_token(slots + src * rows * cols, token)
-        acc += load_tile(part, pid_m, pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
-    return acc
+def keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """Stores ``acc`` (this rank's partial of the tile) into this rank's own slot, visible
+    to the whole program afterwards; the accumulator's registers are free again."""
+    store_tile(slots + me * rows * cols, acc, pid_m, pid_n, rows, cols, cols, 1, BLOCK_M,
+               BLOCK_N)
+    tl.debug_barrier()
 
 
 @triton.jit
-def sum_tiles_in_rank_order(slots, flags, me, world, rows, cols, pid_m, pid_n, tile,
-                            num_tiles, epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Float32 sum of every rank's partial of the tile in rank order, so every rank computes
-    the same bits. This rank's own partial must already be in its slot, visible to the
-    whole program; the others are read once their flag reaches ``epoch``."""
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+def forward_tile(slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_tiles, epoch,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
+    """Copies this rank's kept partial of the tile (:func:`keep_tile`) into slot ``me`` of
+    rank ``peer``, ``BLOCK_M / SPLIT`` rows at a time, then raises flag ``(me, tile)``
+    there. Holds no accumulator: for pushing one tile to many peers."""
+    SUB: tl.constexpr = BLOCK_M // SPLIT
+    own = slots + me * rows * cols
+    remote = dl.symm_at(slots, peer) + me * rows * cols
+    for part in range(0, SPLIT):
+        sub_m = pid_m * SPLIT + part
+        store_tile(remote, load_tile(own, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N),
+                   sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
+    dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
+
+
+@triton.jit
+def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
+             epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
+    """Stores into ``C`` the float32 sum, in rank order, of every rank's partial of the
+    tile: this rank's kept one (:func:`keep_tile`) and the peers', each read once its flag
+    reaches ``epoch``. Every rank summing a tile gets the same bits. Sums ``BLOCK_M /
+    SPLIT`` rows at a time: 128x128 tiles at 8 warps fit in 128 registers a thread."""
     for src in range(0, world):
         if src != me:
             dl.wait(flags + src * num_tiles + tile, 1, "sys", "acquire", epoch)
-        total += load_tile(slots + src * rows * cols, pid_m, pid_n, rows, cols, cols, 1,
-                           BLOCK_M, BLOCK_N)
-    return total
+    SUB: tl.constexpr = BLOCK_M // SPLIT
+    for part in range(0, SPLIT):
+        sub_m = pid_m * SPLIT + part
+        total = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
+        for src in range(0, world):
+            total += load_tile(slots + src * rows * cols, sub_m, pid_n, rows, cols, cols, 1,
+                               SUB, BLOCK_N)
+        store_tile(c_ptr, total, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
