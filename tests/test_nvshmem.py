@@ -72,9 +72,7 @@ def test_nvshmem_library_from_environment(monkeypatch):
 
 ONE_PE = textwrap.dedent("""
     import numpy as np
-    import jax_triton_dist as jtd
-import jax_triton_dist.language as dl
-from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
+    from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
 
     shmem.init(backend="nvshmem", heap_size=64 << 20)
     assert shmem.backend() == "nvshmem", shmem.backend()
