@@ -63,6 +63,16 @@ def _client():
     return client
 
 
+def _blocking_get(key: str, timeout_s: float, what: str) -> bytes:
+    """The value of ``key`` in JAX's key-value store, once some process has set it;
+    ShmemTimeoutError saying ``what`` did not arrive after ``timeout_s``."""
+    try:
+        return _client().blocking_key_value_get_bytes(key, int(timeout_s * 1000))
+    except Exception as error:  # noqa: BLE001 - the store raises its own error types
+        raise _lib.ShmemTimeoutError(
+            f"{what} did not arrive within {timeout_s:g} s ({error})") from None
+
+
 def geometry() -> tuple[int, int, int]:
     """``(n_pes, my_pe, gpu)`` of this process: its JAX process index on its only GPU."""
     devices = jax.local_devices()
@@ -99,12 +109,9 @@ def unique_id(library: str, n_pes: int, my_pe: int, generation: int,
         if n_pes > 1:
             _client().key_value_set_bytes(key, uid)
         return uid
-    try:
-        return _client().blocking_key_value_get_bytes(key, int(timeout_s * 1000))
-    except Exception as error:  # noqa: BLE001 - the store raises its own error types
-        raise _lib.ShmemTimeoutError(
-            f"shmem.init('nvshmem'): PE {my_pe} did not receive NVSHMEM's unique id from PE "
-            f"0 within {timeout_s:g} s ({error}); is PE 0 initialising SHMEM too?") from None
+    return _blocking_get(
+        key, timeout_s, f"shmem.init('nvshmem'): on PE {my_pe}, NVSHMEM's unique id from PE 0 "
+        "(is PE 0 initialising SHMEM too?)")
 
 
 class Exchange:
@@ -127,17 +134,8 @@ class Exchange:
         """Member ``index`` of ``members`` contributes ``value`` under ``name`` (unique per
         rendezvous); returns every member's value, in member order."""
         base = f"{_KEY_PREFIX}/{self.generation}/{name}"
-        client = _client()
-        client.key_value_set_bytes(f"{base}/{index}", struct.pack("<q", int(value)))
-        values = []
-        for member in range(members):
-            try:
-                raw = client.blocking_key_value_get_bytes(f"{base}/{member}",
-                                                          int(timeout_s * 1000))
-            except Exception:  # noqa: BLE001 - the store raises its own error types
-                raise _lib.ShmemTimeoutError(
-                    f"member {member} of {members} did not arrive at {name!r} within "
-                    f"{timeout_s:g} s"
-                ) from None
-            values.append(struct.unpack("<q", raw)[0])
-        return values
+        _client().key_value_set_bytes(f"{base}/{index}", struct.pack("<q", int(value)))
+        return [struct.unpack("<q", _blocking_get(
+                    f"{base}/{member}", timeout_s,
+                    f"member {member} of {members} at {name!r}"))[0]
+                for member in range(members)]

@@ -15,10 +15,12 @@ from jax_triton_dist import launch
 WORKERS = os.path.join(os.path.dirname(__file__), "workers")
 
 
-def run_processes(worker: str, n: int, *args: str, timeout: float = 300) -> list[str]:
-    """Runs ``tests/workers/<worker>`` in ``n`` processes sharing one GPU; returns their
-    outputs. Raises AssertionError with every process's output tail if one fails."""
-    env = {"XLA_FLAGS": ""}  # not the CPU test suite's simulated devices
+def run_processes(worker: str, n: int, *args: str, timeout: float = 300,
+                  env: dict[str, str] | None = None) -> list[str]:
+    """Runs ``tests/workers/<worker>`` in ``n`` processes sharing one GPU (``env``: extra
+    variables); returns their outputs. Raises AssertionError with every process's output
+    tail if one fails."""
+    env = {"XLA_FLAGS": "", **(env or {})}  # not the CPU suite's simulated devices
     codes, outputs = launch.run([os.path.join(WORKERS, worker), *args], n, share_gpu=True,
                                 timeout=timeout, capture=True, env=env)
     if any(codes):

@@ -118,6 +118,13 @@ def test_nvshmem_one_pe_through_unique_id():
     print(result.stdout.strip().splitlines()[-1])
 
 
+def test_cross_process_rendezvous_on_cpu():
+    # The key-value-store all-gather behind the nvshmem backend's collectives and the
+    # runtime's teams, in a 2-process CPU job.
+    for out in run_processes("kv_exchange.py", 2, env={"JAX_PLATFORMS": "cpu"}, timeout=120):
+        assert "of 2: ok" in out, out[-2000:]
+
+
 def test_kernel_teams_across_processes_need_one_gpu_per_process(monkeypatch):
     from types import SimpleNamespace
 

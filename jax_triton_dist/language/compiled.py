@@ -45,41 +45,46 @@ def _ctx_call(symbol: str, ret: tl.dtype, args: list, arg_types: tuple, _semanti
                                    is_pure=True, _semantic=_semantic)
 
 
-# The rank count of the launch being compiled, when the compiler knows it (the runtime
-# compiles once per call site, and a call site's team has a fixed size): `num_ranks`
-# becomes a constant, so loops over ranks have constant bounds, and with one rank `rank`
-# is the constant 0 and every exchange folds away.
-_static = threading.local()
-
-
-@contextlib.contextmanager
-def static_num_ranks(n: int | None):
-    """Compiles ``dl.num_ranks()`` as the constant ``n`` inside the block (None: read it
-    from the rank context at run time)."""
-    previous = getattr(_static, "num_ranks", None)
-    _static.num_ranks = n
-    try:
-        yield
-    finally:
-        _static.num_ranks = previous
-
-
 class NeedsNvshmem(Exception):  # noqa: N818 - a signal to the compiler, not an error
     """Raised while compiling a kernel that makes ``dl.nvshmem`` calls without NVSHMEM's
     device bitcode, when the bitcode is available: compile again with it."""
 
 
+# How the kernel being compiled (in this thread) lowers the primitives; see `compiling`.
+_SETTINGS = {"num_ranks": None, "nvshmem": "absent"}
+_settings = threading.local()
+
+
+def _setting(name: str):
+    return getattr(_settings, name, _SETTINGS[name])
+
+
 @contextlib.contextmanager
-def nvshmem_linked(state: str):
-    """How ``dl.nvshmem`` calls compile inside the block: ``"linked"`` (NVSHMEM's device
-    bitcode is linked), ``"available"`` (it can be: raise :class:`NeedsNvshmem`), or
-    ``"absent"`` (an error: not the nvshmem backend)."""
-    previous = getattr(_static, "nvshmem", "absent")
-    _static.nvshmem = state
+def compiling(*, num_ranks: int | None = None, nvshmem: str = "absent"):
+    """Lowering of the kernel compiled inside the block.
+
+    Args:
+      num_ranks: the launch's rank count, when the compiler knows it (the runtime compiles
+        once per call site, and a call site's team has a fixed size): ``dl.num_ranks()``
+        becomes a constant, so loops over ranks have constant bounds, and with one rank
+        ``dl.rank()`` is the constant 0 and every exchange folds away. None: both are read
+        from the rank context at run time.
+      nvshmem: how ``dl.nvshmem`` calls compile: ``"linked"`` (NVSHMEM's device bitcode is
+        linked), ``"available"`` (it can be: raise :class:`NeedsNvshmem`), or ``"absent"``
+        (an error: not the nvshmem backend).
+    """
+    previous = {name: _setting(name) for name in _SETTINGS}
+    _settings.num_ranks, _settings.nvshmem = num_ranks, nvshmem
     try:
         yield
     finally:
-        _static.nvshmem = previous
+        for name, value in previous.items():
+            setattr(_settings, name, value)
+
+
+def _itemsize(ptr) -> int:
+    """Bytes per element of pointer ``ptr``'s type (1 for booleans)."""
+    return max(1, ptr.dtype.element_ty.primitive_bitwidth // 8)
 
 
 # NVSHMEM's signal operations (nvshmemx_signal_op_t).
@@ -87,7 +92,7 @@ _NVSHMEM_SIGNAL_OPS = {"set": 9, "add": 10}
 
 
 def _nvshmem_call(symbol: str, args: list, types: tuple, _semantic):
-    state = getattr(_static, "nvshmem", "absent")
+    state = _setting("nvshmem")
     if state == "available":
         raise NeedsNvshmem(symbol)
     if state != "linked":
@@ -107,7 +112,7 @@ def _address(ptr, what: str, _semantic):
 
 
 def _nbytes(ptr, nelems, _semantic):
-    itemsize = max(1, ptr.dtype.element_ty.primitive_bitwidth // 8)
+    itemsize = _itemsize(ptr)
     count = core.cast(_semantic.to_tensor(nelems), tl.int64, _semantic=_semantic)
     return _semantic.mul(count, _semantic.to_tensor(itemsize), True)
 
@@ -153,13 +158,13 @@ def nvshmem_simple(symbol: str, _semantic):
 
 
 def rank(_semantic):
-    if getattr(_static, "num_ranks", None) == 1:
+    if _setting("num_ranks") == 1:
         return _semantic.to_tensor(0)
     return _ctx_call("jtd_rank", tl.int32, [], (), _semantic)
 
 
 def num_ranks(_semantic):
-    n = getattr(_static, "num_ranks", None)
+    n = _setting("num_ranks")
     if n is not None:
         return _semantic.to_tensor(int(n))
     return _ctx_call("jtd_num_ranks", tl.int32, [], (), _semantic)
@@ -191,7 +196,7 @@ _HEAP_ALIGNMENT_LOG2 = 4
 def symm_at(ptr, peer, _semantic):
     delta = _semantic.sub(heap_base(peer, _semantic), heap_base(rank(_semantic), _semantic),
                           True)
-    itemsize = max(1, ptr.dtype.element_ty.primitive_bitwidth // 8)
+    itemsize = _itemsize(ptr)
     if itemsize & (itemsize - 1) or itemsize > 1 << _HEAP_ALIGNMENT_LOG2:
         raise TypeError(f"dl.symm_at: unsupported element type {ptr.dtype.element_ty}")
     units = _semantic.ashr(delta, _semantic.to_tensor(_HEAP_ALIGNMENT_LOG2))

@@ -94,15 +94,13 @@ def _pointer_sig(dtype: Any) -> str:
 
 @functools.cache
 def _lowering_key() -> str:
-    """Hash of what lowers the ``dl`` primitives (not part of Triton's own cache key,
-    which covers only the ``@triton.jit`` sources): a changed lowering recompiles."""
-    from jax_triton_dist.language import primitives
+    """Hash of the Python that lowers the ``dl`` primitives. Triton's cache key covers the
+    ``@triton.jit`` sources and the extern libraries' contents, not this: without it a
+    changed lowering would reuse stale cubins."""
+    from jax_triton_dist.language import nvshmem, primitives
 
     digest = hashlib.sha256()
-    from jax_triton_dist.language import nvshmem
-
-    for path in (_compiled.__file__, _compiled.LIB_PATH, _compiled.NVSHMEM_LIB_PATH,
-                 primitives.__file__, nvshmem.__file__):
+    for path in (_compiled.__file__, primitives.__file__, nvshmem.__file__):
         with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()
@@ -134,10 +132,13 @@ def compile_kernel(kernel: Any, signature: dict[str, str], constexprs: dict[str,
     options = {"extern_libs": tuple(_compiled.extern_libs().items()), "num_warps": num_warps,
                "num_stages": num_stages}
     target = GPUTarget("cuda", capability, 32)
-    try:
-        with _compiled.static_num_ranks(num_ranks), _compiled.nvshmem_linked(
-                "available" if nvshmem_device_lib else "absent"):
+
+    def attempt(nvshmem: str):
+        with _compiled.compiling(num_ranks=num_ranks, nvshmem=nvshmem):
             return triton.compile(source, target=target, options=options)
+
+    try:
+        return attempt("available" if nvshmem_device_lib else "absent")
     except Exception as error:  # Triton wraps what a builtin raises
         if not _caused_by(error, _compiled.NeedsNvshmem):
             raise
@@ -145,8 +146,7 @@ def compile_kernel(kernel: Any, signature: dict[str, str], constexprs: dict[str,
     # large, and only some NVSHMEM releases' bitcode is readable by Triton's LLVM).
     options["extern_libs"] = tuple(_compiled.extern_libs(nvshmem_device_lib).items())
     try:
-        with _compiled.static_num_ranks(num_ranks), _compiled.nvshmem_linked("linked"):
-            return triton.compile(source, target=target, options=options)
+        return attempt("linked")
     except ValueError as error:
         if "Failed to parse library" not in str(error):
             raise
