@@ -70,6 +70,16 @@ def test_nvshmem_library_from_environment(monkeypatch):
     assert nvshmem_bootstrap.library_path() == "/opt/nvshmem/lib/libnvshmem_host.so.3"
 
 
+def test_nvshmem_device_bitcode_next_to_the_library(monkeypatch, tmp_path):
+    monkeypatch.setenv(nvshmem_bootstrap.LIBRARY_ENV, str(tmp_path / "libnvshmem_host.so.3"))
+    assert nvshmem_bootstrap.device_library_path() is None
+    (tmp_path / "libnvshmem_device.bc").write_bytes(b"")  # NVSHMEM <= 3.4: one bitcode
+    assert nvshmem_bootstrap.device_library_path() == str(tmp_path / "libnvshmem_device.bc")
+    (tmp_path / "libnvshmem_device_sm_90.bc").write_bytes(b"")  # >= 3.5: per architecture
+    assert nvshmem_bootstrap.device_library_path(90) == str(
+        tmp_path / "libnvshmem_device_sm_90.bc")
+
+
 ONE_PE = textwrap.dedent("""
     import numpy as np
     from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
