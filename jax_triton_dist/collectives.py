@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 
+from jax_triton_dist import dtypes
 from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.triton_call import Workspace, axis_size, triton_call
@@ -29,8 +30,7 @@ __all__ = [
     "ONE_SHOT_MAX_BYTES", "REDUCE_OPS", "ALL_REDUCE_METHODS",
 ]
 
-COLLECTIVE_DTYPES = frozenset(np.dtype(d) for d in ("float32", jnp.bfloat16, "float16", "int32"))
-"""Element types the collectives accept."""
+COLLECTIVE_DTYPES = dtypes.COLLECTIVE_DTYPES
 REDUCE_OPS = ("sum", "max", "min")
 ALL_REDUCE_METHODS = ("auto", "one_shot", "two_shot", "xla")
 ONE_SHOT_MAX_BYTES = 256 * 1024
@@ -45,9 +45,7 @@ MAX_BLOCK = 4096
 
 def _check(x: Any, op: str) -> jax.Array:
     x = jnp.asarray(x)
-    if x.dtype not in COLLECTIVE_DTYPES:
-        raise TypeError(f"{op}: unsupported dtype {x.dtype}; supported: "
-                        + ", ".join(sorted(d.name for d in COLLECTIVE_DTYPES)))
+    dtypes.check_dtype(x.dtype, COLLECTIVE_DTYPES, op)
     return x
 
 
@@ -78,8 +76,8 @@ def _launch_shape(n: int) -> tuple[int, int]:
     return block, triton.cdiv(max(n, 1), block)
 
 
-def _exchange(x: jax.Array, axis_name: str, world: int, *, send_chunks: bool,
-              reduce: str) -> jax.Array:
+def _push_exchange(x: jax.Array, axis_name: str, world: int, *, send_chunks: bool,
+                   reduce: str) -> jax.Array:
     """``x``: [world, n] (row p for rank p) if ``send_chunks`` else [n].
 
     Returns [world, n] (by source) if ``reduce == "none"``, else [n].
@@ -120,7 +118,7 @@ def _all_gather(x, axis_name, axis, tiled):
     if x.size == 0:
         rows = jnp.zeros((world,) + x.shape, x.dtype)
     else:
-        rows = _exchange(x.reshape(-1), axis_name, world, send_chunks=False, reduce="none")
+        rows = _push_exchange(x.reshape(-1), axis_name, world, send_chunks=False, reduce="none")
     stacked = jnp.moveaxis(rows.reshape((world,) + x.shape), 0, axis)
     if not tiled:
         return stacked
@@ -173,7 +171,7 @@ def _reduce_scatter(x, axis_name, dim, tiled, op):
         out_shape = x.shape[:dim] + x.shape[dim + 1:]
     if x.size == 0:
         return jnp.zeros(out_shape, x.dtype)
-    out = _exchange(chunks.reshape(world, -1), axis_name, world, send_chunks=True, reduce=op)
+    out = _push_exchange(chunks.reshape(world, -1), axis_name, world, send_chunks=True, reduce=op)
     return out.reshape(out_shape)
 
 
@@ -239,7 +237,7 @@ def _all_reduce(x, axis_name, op, method):
         method = "one_shot" if x.size * x.dtype.itemsize <= ONE_SHOT_MAX_BYTES else "two_shot"
     flat = x.reshape(-1)
     if method == "one_shot":
-        out = _exchange(flat, axis_name, world, send_chunks=False, reduce=op)
+        out = _push_exchange(flat, axis_name, world, send_chunks=False, reduce=op)
     else:
         out = _two_shot(flat, axis_name, world, op)
     return out.reshape(x.shape)
@@ -297,7 +295,7 @@ def _all_to_all(x, axis_name, split_axis, concat_axis, tiled):
     if x.size == 0:
         received = chunks
     else:
-        rows = _exchange(chunks.reshape(world, -1), axis_name, world, send_chunks=True,
+        rows = _push_exchange(chunks.reshape(world, -1), axis_name, world, send_chunks=True,
                          reduce="none")
         received = rows.reshape((world,) + chunk_shape)
     stacked = jnp.moveaxis(received, 0, concat_axis)

@@ -11,9 +11,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import triton
 
+from jax_triton_dist import dtypes
 from jax_triton_dist.collectives import all_gather, all_reduce
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
 from jax_triton_dist.kernels.gemm_collectives import (
@@ -24,8 +24,7 @@ from jax_triton_dist.triton_call import Workspace, axis_size, triton_call
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "GEMM_DTYPES"]
 
-GEMM_DTYPES = frozenset(np.dtype(d) for d in ("float32", jnp.bfloat16, "float16"))
-"""Input element types of the fused GEMM ops."""
+GEMM_DTYPES = dtypes.GEMM_DTYPES
 
 
 def _check_gemm(x: Any, w: Any, fn: str) -> tuple[jax.Array, jax.Array]:
@@ -37,9 +36,7 @@ def _check_gemm(x: Any, w: Any, fn: str) -> tuple[jax.Array, jax.Array]:
                          "w.shape[0] (the per-rank K)")
     if x.dtype != w.dtype:
         raise TypeError(f"{fn}: x and w must have one dtype, got {x.dtype} and {w.dtype}")
-    if x.dtype not in GEMM_DTYPES:
-        raise TypeError(f"{fn}: unsupported dtype {x.dtype}; supported: "
-                        + ", ".join(sorted(d.name for d in GEMM_DTYPES)))
+    dtypes.check_dtype(x.dtype, GEMM_DTYPES, fn)
     return x, w
 
 

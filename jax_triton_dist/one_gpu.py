@@ -35,9 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from jax_triton_dist import _shmem as _lib
 from jax_triton_dist import shmem
-from jax_triton_dist.runtime import call_site, cuda_dispatch
+from jax_triton_dist.language import device_abi
+from jax_triton_dist.language.device_abi import ParamKind
+from jax_triton_dist.runtime import call_site, cuda_dispatch, cuda_driver
+from jax_triton_dist.shmem import heap, lifetime
 
 __all__ = ["run_ranks"]
 
@@ -46,9 +48,9 @@ _ids = itertools.count(-1, -1)  # negative: never clash with traced call sites
 
 def _ensure_world(world: int, device: int) -> None:
     """SHMEM's ``cuda`` backend with PEs ``0 .. world - 1`` on GPU ``device``."""
-    if _lib.initialized():
-        if (_lib.backend_name() == "cuda" and _lib.n_pes() >= world
-                and all(_lib.device_of(pe) == device for pe in range(world))):
+    if heap.running_backend() is not None:
+        if (heap.running_backend() == "cuda" and shmem.n_pes() >= world
+                and all(shmem.device_of(pe) == device for pe in range(world))):
             return
         shmem.finalize()
     shmem.init(n_pes=world, backend="cuda", devices=[device] * world)
@@ -92,59 +94,61 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     Returns:
       ``results[call][rank][output]`` as NumPy arrays.
     """
-    _cuda = cuda_dispatch._cuda
-    if _cuda is None or not _cuda.available():
-        raise RuntimeError("one_gpu.run_ranks needs the CUDA launcher and a GPU")
+    if cuda_dispatch.launcher() is None or not cuda_driver.available():
+        raise RuntimeError("one_gpu.run_ranks needs the CUDA launcher and a GPU "
+                           f"({cuda_driver.unavailable_reason() or 'no CUDA launcher built'})")
+    drv = cuda_driver.driver()
     _ensure_world(world, device)
     first = [np.ascontiguousarray(a) for a in inputs(0, 0)]
     site = _site(kernel, world, first, outputs, workspaces, grid, kwargs, symmetric)
-    team = call_site.TeamState(pes=list(range(world)), generation=shmem.generation())
+    team = call_site.TeamState(pes=list(range(world)), generation=lifetime.generation())
     contexts = cuda_dispatch.regions(site, team)
     signature, compiled = cuda_dispatch.compile_site(next(_ids), site)
     block = 32 * compiled.metadata.num_warps
     functions, streams = [], []
     for _, ctx in contexts:
-        module, function = _cuda.load_function(device, compiled.asm["cubin"],
-                                               compiled.metadata.name, compiled.metadata.shared)
+        module, function = drv.load_function(device, compiled.asm["cubin"],
+                                             compiled.metadata.name, compiled.metadata.shared)
         cuda_dispatch.bind_context(device, module, compiled, ctx)
         functions.append(function)
-        streams.append(_cuda.stream_create(device))
-    in_bufs = [[_cuda.alloc(device, max(a.nbytes, 1)) for a in first] for _ in range(world)]
-    out_bufs = [[_cuda.alloc(device, max(site.outputs[i].nbytes, 1))
+        streams.append(drv.stream_create(device))
+    in_bufs = [[drv.alloc(device, max(a.nbytes, 1)) for a in first] for _ in range(world)]
+    out_bufs = [[drv.alloc(device, max(site.outputs[i].nbytes, 1))
                  for i in range(len(outputs))] for _ in range(world)]
     try:
         results = []
         for call in range(calls):
+            epoch = call + 1
             for rank in range(world):
                 for buf, array in zip(in_bufs[rank], inputs(call, rank), strict=True):
-                    _cuda.write(device, buf, np.ascontiguousarray(array).tobytes())
-                _cuda.write(device, contexts[rank][1] + 8, struct.pack("<i", call + 1))
-            epoch = call + 1
+                    drv.write(device, buf, np.ascontiguousarray(array).tobytes())
+                drv.write(device, contexts[rank][1] + device_abi.EPOCH_OFFSET,
+                          struct.pack("<i", epoch))
             # Launch in a rotating order so that a different rank starts first each call.
             for rank in [(call + i) % world for i in range(world)]:
                 values = []
-                for kind, index, value, alt, size in cuda_dispatch.launch_params(
+                for kind, index, value, alt, size in cuda_dispatch.kernel_params(
                         site, signature, contexts[rank][0]):
-                    if kind == cuda_dispatch.OPERAND:
+                    if kind == ParamKind.OPERAND:
                         values.append(in_bufs[rank][index - 1])
-                    elif kind == cuda_dispatch.STAGED:  # as the FFI handler stages it
-                        slot = alt if epoch % 2 else value
-                        _lib.copy(rank, slot, in_bufs[rank][index - 1], size)
+                    elif kind == ParamKind.STAGED:  # as the FFI handler stages it
+                        slot = device_abi.staging_slot(epoch, value, alt)
+                        heap.copy(rank, slot, in_bufs[rank][index - 1], size)
                         values.append(slot)
-                    elif kind == cuda_dispatch.RESULT:
+                    elif kind == ParamKind.RESULT:
                         values.append(out_bufs[rank][index])
                     else:
                         values.append(value)
-                _cuda.launch(device, functions[rank], list(grid), block,
-                             compiled.metadata.shared, values, streams[rank])
+                drv.launch(device, functions[rank], list(grid), block,
+                           compiled.metadata.shared, values, streams[rank])
             for stream in streams:
-                _cuda.stream_synchronize(device, stream)
+                drv.stream_synchronize(device, stream)
             results.append([
-                [np.frombuffer(_cuda.read(device, buf, spec.nbytes), spec.dtype).reshape(spec.shape)
+                [np.frombuffer(drv.read(device, buf, spec.nbytes), spec.dtype).reshape(spec.shape)
                  for buf, spec in zip(out_bufs[rank], site.outputs, strict=True)]
                 for rank in range(world)])
         return results
     finally:
         for buf in itertools.chain(*in_bufs, *out_bufs):
-            _cuda.free(device, buf)
-        _lib.release(contexts[0][0] - _lib.heap_base(0))
+            drv.free(device, buf)
+        heap.release(contexts[0][0] - heap.heap_base(0))

@@ -10,18 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_triton_dist import dtypes
 from jax_triton_dist.runtime import call_site, jax_compat
 
 __all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size"]
 
 TARGET = "jtd_triton"
 
-SUPPORTED_DTYPES = frozenset(
-    np.dtype(d) for d in (
-        "float32", "float16", "float64", jnp.bfloat16, "int8", "int16", "int32", "int64",
-        "uint8", "uint16", "uint32", "uint64", "bool",
-    )
-)
+SUPPORTED_DTYPES = dtypes.KERNEL_DTYPES
 """Element types a kernel argument or result may have."""
 
 
@@ -51,13 +47,7 @@ def _shape(shape: int | Sequence[int], what: str) -> tuple[int, ...]:
 
 
 def _dtype(dtype: Any, what: str) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"{what}: unsupported dtype {dtype}; supported: "
-            + ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
-        )
-    return dtype
+    return dtypes.check_dtype(dtype, SUPPORTED_DTYPES, what)
 
 
 def _manual_axes(axis_name: str) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -220,8 +210,8 @@ def triton_call(
         axis=axes.index(axis_name), num_ranks=sizes[axis_name], params=params, inputs=inputs,
         symmetric=frozenset(staged), outputs=outputs, workspaces=[w.spec for w in workspaces],
         kwargs=dict(kwargs),
-        launch={k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
-                if v is not None},
+        options={k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
+                 if v is not None},
     )
     call_id = call_site.register(site)
     coords = jnp.stack([jax.lax.axis_index(a) for a in axes]).astype(jnp.int32)

@@ -99,10 +99,10 @@ size_t Backend::largest_free_block() const {
 // Rendezvous
 // ---------------------------------------------------------------------------
 
-std::vector<int64_t> Backend::exchange(int64_t key, int members, int index,
-                                           int64_t value, double timeout_s) {
+std::vector<int64_t> Backend::rendezvous(int64_t key, int members, int index, int64_t value,
+                                         double timeout_s) {
   if (members <= 0 || index < 0 || index >= members) {
-    throw std::invalid_argument("exchange: index " + std::to_string(index) +
+    throw std::invalid_argument("rendezvous: index " + std::to_string(index) +
                                 " out of range for " +
                                 std::to_string(members) + " members");
   }

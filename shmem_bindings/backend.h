@@ -3,7 +3,8 @@
 // rendezvous among the PEs, and the memory operations the Python layer needs.
 //
 // Only memory, atomics and the rendezvous primitive live in C++; the SHMEM semantics
-// (collective checks, teams, error wording) live in Python (jax_triton_dist/shmem.py).
+// (collective checks, teams, error wording) live in Python (the jax_triton_dist.shmem
+// package).
 #ifndef JAX_TRITON_DIST_SHMEM_BACKEND_H_
 #define JAX_TRITON_DIST_SHMEM_BACKEND_H_
 
@@ -75,8 +76,8 @@ class Backend {
   // All-gather of one int64 among `members` participants of rendezvous `key`. Calls pair
   // up in order per (key, index). Throws ShmemTimeout when not all members arrive before
   // `timeout_s`.
-  std::vector<int64_t> exchange(int64_t key, int members, int index, int64_t value,
-                                double timeout_s);
+  std::vector<int64_t> rendezvous(int64_t key, int members, int index, int64_t value,
+                                  double timeout_s);
 
   // Memory operations issued by PE `pe` (addresses are in any heap or in local memory).
   // Copies `nbytes`; returns once complete unless `blocking` is false (then `quiet`).

@@ -30,8 +30,6 @@ class CudaBackend final : public Backend {
   void signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op, int itemsize) override;
   uint64_t load(int pe, uintptr_t addr, int itemsize) override;
   void quiet(int pe) override;
-  // Bytes of physical memory mapped per heap.
-  size_t mapped_bytes() const { return mapped_; }
 
  protected:
   void reserve(size_t end) override;
@@ -41,7 +39,7 @@ class CudaBackend final : public Backend {
 
   std::vector<int> devices_;
   size_t granularity_;
-  size_t mapped_ = 0;
+  size_t mapped_ = 0;  // bytes of physical memory mapped per heap
   std::vector<std::pair<size_t, size_t>> chunks_;  // (offset, size), mapped in every heap
   std::vector<CUstream> streams_;                  // per PE
 };

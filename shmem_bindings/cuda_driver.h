@@ -1,6 +1,7 @@
 // The CUDA driver API, loaded at run time (dlopen of libcuda.so.1), shared by the CUDA
-// SHMEM backend (shmem_bindings/cuda_backend.cc) and the CUDA FFI launcher
-// (xla_ffi/cuda_launch.cc). Each extension module holds its own copy of the table.
+// SHMEM backend (shmem_bindings/cuda_backend.cc), the CUDA FFI launcher
+// (xla_ffi/cuda_launch.cc) and the driver calls module (xla_ffi/cuda_driver_calls.cc).
+// Each extension module holds its own copy of the table.
 //
 // Nothing here needs a GPU at import time: `Driver()` loads the library on first use
 // and throws a clear error on machines without an NVIDIA driver.
@@ -16,6 +17,10 @@
 #include <string>
 
 namespace jtd::cuda_driver {
+
+// Triton kernels take two trailing pointers after their parameters (global and profile
+// scratch); launches pass null for both (size 0).
+constexpr size_t kTritonScratchParams = 2;
 
 struct Table {
   CUresult (*cuInit)(unsigned);

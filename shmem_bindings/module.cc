@@ -1,5 +1,5 @@
 // nanobind module `jax_triton_dist._shmem`: a 1:1 binding of the SHMEM
-// backends. No SHMEM semantics here; jax_triton_dist/shmem.py holds them.
+// backends. No SHMEM semantics here; the jax_triton_dist.shmem package holds them.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -99,6 +99,20 @@ NB_MODULE(_shmem, m) {
   auto shmem_error = nb::exception<ShmemError>(m, "ShmemError", PyExc_RuntimeError);
   nb::exception<ShmemTimeout>(m, "ShmemTimeoutError", shmem_error.ptr());
 
+  // The project's one definition of comparisons and signal updates (Python's
+  // shmem.Cmp / shmem.SignalOp and the dl primitives use these).
+  nb::enum_<Cmp>(m, "Cmp", nb::is_arithmetic(), "Comparison of wait_until and dl.wait.")
+      .value("EQ", Cmp::kEq)
+      .value("NE", Cmp::kNe)
+      .value("GT", Cmp::kGt)
+      .value("GE", Cmp::kGe)
+      .value("LT", Cmp::kLt)
+      .value("LE", Cmp::kLe);
+  nb::enum_<SignalOp>(m, "SignalOp", nb::is_arithmetic(),
+                      "Signal update of signal_op, putmem_signal and dl.notify.")
+      .value("SET", SignalOp::kSet)
+      .value("ADD", SignalOp::kAdd);
+
   // Lifetime.
   m.def("init", &Init, "backend"_a, "n_pes"_a, "heap_size"_a, "devices"_a, "my_pe"_a = -1,
         "unique_id"_a = nb::bytes(""), "library"_a = "");
@@ -148,11 +162,11 @@ NB_MODULE(_shmem, m) {
 
   // Rendezvous among the PEs of this process (releases the GIL while waiting).
   m.def(
-      "exchange",
+      "rendezvous",
       [](int64_t key, int members, int index, int64_t value, double timeout_s) {
         Backend& backend = Get();
         nb::gil_scoped_release release;
-        return backend.exchange(key, members, index, value, timeout_s);
+        return backend.rendezvous(key, members, index, value, timeout_s);
       },
       "key"_a, "members"_a, "index"_a, "value"_a, "timeout_s"_a);
 
@@ -216,7 +230,6 @@ NB_MODULE(_shmem, m) {
         signal_op(addr, value, static_cast<SignalOp>(op), itemsize);
       },
       "addr"_a, "value"_a, "op"_a, "itemsize"_a);
-  m.def("signal_fetch", &signal_fetch, "addr"_a, "itemsize"_a);
   m.def(
       "wait_flags",
       [](std::vector<uintptr_t> addrs, int itemsize, bool is_signed, int cmp, int64_t value,

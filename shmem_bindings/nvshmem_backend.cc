@@ -92,8 +92,6 @@ const Nvshmem& Library(const std::string& path) {
 
 }  // namespace
 
-size_t NvshmemUniqueIdSize() { return sizeof(nvshmemx_uniqueid_t); }
-
 std::string NvshmemUniqueId(const std::string& library) {
   const Nvshmem& nv = Library(library);
   nvshmemx_uniqueid_t id = NVSHMEMX_UNIQUEID_INITIALIZER;

@@ -20,9 +20,6 @@
 
 namespace jtd::shmem {
 
-// Bytes of an NVSHMEM unique id.
-size_t NvshmemUniqueIdSize();
-
 // A fresh unique id, made by the NVSHMEM host library at `library`.
 std::string NvshmemUniqueId(const std::string& library);
 

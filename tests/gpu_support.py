@@ -1,12 +1,9 @@
 """Whether this machine can run the GPU tier (tests import it; no pytest fixtures here)."""
 
-from jax_triton_dist import _shmem
+from jax_triton_dist import shmem
+from jax_triton_dist.runtime import cuda_driver
 
 
 def have_gpu() -> bool:
     """A CUDA build whose launcher finds a usable NVIDIA driver and GPU."""
-    try:
-        from jax_triton_dist import _cuda
-    except ImportError:  # built without the CUDA headers
-        return False
-    return _cuda.available() and _shmem.has_cuda()
+    return cuda_driver.available() and "cuda" in shmem.available_backends()

@@ -20,7 +20,8 @@ from jax_triton_dist.kernels.gemm_collectives import (
 )
 from jax_triton_dist.kernels.moe import moe_combine_kernel, moe_dispatch_kernel
 from jax_triton_dist.kernels.ring_exchange import ring_shift_kernel
-from jax_triton_dist.runtime.cuda_compile import CTX_SYMBOL, compile_kernel, signature_of
+from jax_triton_dist.language.device_abi import CTX_SYMBOL
+from jax_triton_dist.runtime.cuda_compile import compile_kernel, signature_of
 
 F32, I32, U64 = np.dtype("float32"), np.dtype("int32"), np.dtype("uint64")
 BF16 = np.dtype(jnp.bfloat16)

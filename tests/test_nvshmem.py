@@ -19,14 +19,15 @@ import pytest
 import triton
 from gpu_support import have_gpu
 from jax.sharding import PartitionSpec as P
-from multiprocess import run_processes
+from process_jobs import run_processes
 
 import jax_triton_dist as jtd
 import jax_triton_dist.language as dl
-from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
+from jax_triton_dist import shmem
+from jax_triton_dist.shmem import lifetime, nvshmem_bootstrap
 
 needs_nvshmem_gpu = pytest.mark.skipif(
-    not have_gpu() or not _shmem.has_nvshmem(),
+    not have_gpu() or "nvshmem" not in shmem.available_backends(),
     reason="needs a GPU and a build with the nvshmem backend")
 
 
@@ -35,13 +36,13 @@ def test_default_backend_is_nvshmem_for_one_gpu_per_process(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "process_count", lambda: 4)
     monkeypatch.setattr(jax, "local_device_count", lambda *a: 1)
-    assert shmem._default_backend() == "nvshmem"
+    assert lifetime.default_backend() == "nvshmem"
     monkeypatch.setattr(jax, "local_device_count", lambda *a: 8)  # 4 hosts x 8 GPUs
-    assert shmem._default_backend() == "cuda"
+    assert lifetime.default_backend() == "cuda"
     monkeypatch.setattr(jax, "process_count", lambda: 1)
-    assert shmem._default_backend() == "cuda"
+    assert lifetime.default_backend() == "cuda"
     monkeypatch.setenv(shmem.BACKEND_ENV, "nvshmem")
-    assert shmem._default_backend() == "nvshmem"
+    assert lifetime.default_backend() == "nvshmem"
 
 
 def test_nvshmem_start_errors_are_specific(no_world):
@@ -82,7 +83,8 @@ def test_nvshmem_device_bitcode_next_to_the_library(monkeypatch, tmp_path):
 
 ONE_PE = textwrap.dedent("""
     import numpy as np
-    from jax_triton_dist import _shmem, nvshmem_bootstrap, shmem
+    from jax_triton_dist import shmem
+    from jax_triton_dist.shmem import nvshmem_bootstrap
 
     shmem.init(backend="nvshmem", heap_size=64 << 20)
     assert shmem.backend() == "nvshmem", shmem.backend()
@@ -110,7 +112,7 @@ ONE_PE = textwrap.dedent("""
     shmem.free(b)
     shmem.free(a)
     shmem.free(sig)
-    version = _shmem.nvshmem_version(nvshmem_bootstrap.library_path())
+    version = nvshmem_bootstrap.library_version()
     shmem.finalize()
     print("NVSHMEM", version, "one PE through the unique-id path: ok")
 """)
@@ -131,7 +133,7 @@ def test_nvshmem_one_pe_through_unique_id():
 def test_cross_process_rendezvous_on_cpu():
     # The key-value-store all-gather behind the nvshmem backend's collectives and the
     # runtime's teams, in a 2-process CPU job.
-    for out in run_processes("kv_exchange.py", 2, env={"JAX_PLATFORMS": "cpu"}, timeout=120):
+    for out in run_processes("kv_rendezvous.py", 2, env={"JAX_PLATFORMS": "cpu"}, timeout=120):
         assert "of 2: ok" in out, out[-2000:]
 
 

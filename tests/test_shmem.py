@@ -13,7 +13,8 @@ import pytest
 from gpu_support import have_gpu
 from spmd import errors_of, run_pes
 
-from jax_triton_dist import _shmem, shmem
+from jax_triton_dist import shmem
+from jax_triton_dist.shmem import heap
 
 HEAP = 8 << 20
 
@@ -47,7 +48,7 @@ def write_local(addr, array):
 def read_at(addr, shape, dtype):
     """A host copy of the memory at ``addr`` (any heap, any backend)."""
     out = np.empty(shape, dtype)
-    _shmem.copy(shmem.my_pe(), out.ctypes.data, addr, out.nbytes)
+    heap.copy(shmem.my_pe(), out.ctypes.data, addr, out.nbytes)
     return out
 
 
@@ -181,7 +182,7 @@ def test_bind_out_of_range_pe(world):
 
 
 def _offset(addr, pe):
-    return addr - _shmem.heap_base(pe)
+    return addr - heap.heap_base(pe)
 
 
 @ALL_SIZES

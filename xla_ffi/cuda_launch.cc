@@ -1,9 +1,9 @@
 // nanobind module `jax_triton_dist._cuda`: the XLA FFI handler that launches compiled
-// distributed Triton kernels on NVIDIA GPUs, and the few driver calls the Python
-// runtime needs to prepare a launch (module loading, device memory).
+// distributed Triton kernels on NVIDIA GPUs, and its table of launch plans. (The driver
+// calls the Python runtime makes to prepare a plan live in `_cuda_driver`.)
 //
 // libcuda is loaded at run time (dlopen), so the module imports on machines without a
-// GPU; every entry point then fails with a clear message.
+// GPU; a launch then fails with a clear message.
 //
 // Per call the handler does no allocation and no synchronisation: it writes the call's
 // epoch into the rank context with a stream memory operation and launches the kernel on
@@ -11,7 +11,6 @@
 // (jax_triton_dist/runtime/cuda_dispatch.py) for a launch plan.
 #include <cuda.h>
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -37,8 +36,8 @@ namespace jtd::cuda {
 namespace {
 
 using cuda_driver::Check;
-using cuda_driver::DeviceScope;
 using cuda_driver::ErrorText;
+using cuda_driver::kTritonScratchParams;
 
 const cuda_driver::Table& D() { return cuda_driver::Driver(); }
 
@@ -48,7 +47,13 @@ const cuda_driver::Table& D() { return cuda_driver::Driver(); }
 
 // One kernel parameter: a buffer of the call (operand / result), a fixed value, or an
 // operand staged into one of two symmetric slots (by epoch parity) before the launch.
+// The values are jax_triton_dist/language/device_abi.py's ParamKind (a test checks).
 enum class ParamKind : int { kOperand = 0, kResult = 1, kValue = 2, kStaged = 3 };
+
+// device_abi.staging_slot: slot 0 for even epochs, slot 1 for odd ones.
+uint64_t StagingSlot(uint32_t epoch, uint64_t even, uint64_t odd) {
+  return epoch % 2 ? odd : even;
+}
 
 struct Param {
   ParamKind kind;
@@ -109,8 +114,8 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
 
   std::lock_guard<std::mutex> lock(plan->mu);
   const uint32_t epoch = plan->epoch + 1;
-  std::vector<uint64_t> storage(plan->params.size() + 2, 0);
-  std::vector<void*> pointers(plan->params.size() + 2);
+  std::vector<uint64_t> storage(plan->params.size() + kTritonScratchParams, 0);
+  std::vector<void*> pointers(plan->params.size() + kTritonScratchParams);
   for (size_t i = 0; i < plan->params.size(); ++i) {
     const Param& p = plan->params[i];
     if (p.kind == ParamKind::kOperand || p.kind == ParamKind::kStaged) {
@@ -118,7 +123,7 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
       if (!buffer.has_value()) return buffer.error();
       storage[i] = reinterpret_cast<uint64_t>(buffer->untyped_data());
       if (p.kind == ParamKind::kStaged) {
-        const uint64_t slot = epoch % 2 ? p.alt : p.value;
+        const uint64_t slot = StagingSlot(epoch, p.value, p.alt);
         CUresult r = D().cuMemcpyDtoDAsync(slot, storage[i], p.size, stream);
         if (r != CUDA_SUCCESS) return Fail("staging a symmetric argument: " + ErrorText(r));
         storage[i] = slot;
@@ -132,9 +137,7 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
     }
     pointers[i] = &storage[i];
   }
-  // Triton's trailing global and profile scratch pointers (unused: size 0).
-  pointers[plan->params.size()] = &storage[plan->params.size()];
-  pointers[plan->params.size() + 1] = &storage[plan->params.size() + 1];
+  for (size_t i = plan->params.size(); i < storage.size(); ++i) pointers[i] = &storage[i];
 
   CUresult r = D().cuStreamWriteValue32(stream, plan->epoch_addr, epoch, 0);
   if (r != CUDA_SUCCESS) return Fail("cuStreamWriteValue32: " + ErrorText(r));
@@ -166,144 +169,10 @@ NB_MODULE(_cuda, m) {
     targets["jtd_triton"] = nb::capsule(reinterpret_cast<void*>(kCudaLaunch));
     return targets;
   });
-  m.def("available", &jtd::cuda_driver::Available);
-  m.def("unavailable_reason", &jtd::cuda_driver::UnavailableReason);
   m.def("set_planner", [](nb::object planner) {
     if (g_planner == nullptr) g_planner = new nb::object();
     *g_planner = std::move(planner);
   });
-  m.def("device_count", [] {
-    int n = 0;
-    Check(D().cuDeviceGetCount(&n), "cuDeviceGetCount");
-    return n;
-  });
-  m.def(
-      "load_function",
-      [](int device, nb::bytes cubin, const std::string& name, int shared) {
-        DeviceScope scope(device);
-        CUmodule module;
-        Check(D().cuModuleLoadData(&module, cubin.c_str()), "cuModuleLoadData");
-        CUfunction function;
-        Check(D().cuModuleGetFunction(&function, module, name.c_str()), "cuModuleGetFunction");
-        if (shared > 48 * 1024) {
-          Check(D().cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                       shared),
-                "cuFuncSetAttribute");
-        }
-        return std::make_pair(reinterpret_cast<uintptr_t>(module),
-                              reinterpret_cast<uintptr_t>(function));
-      },
-      "device"_a, "cubin"_a, "name"_a, "shared"_a);
-  m.def(
-      "module_global",
-      [](int device, uintptr_t module, const std::string& name) {
-        DeviceScope scope(device);
-        CUdeviceptr addr;
-        size_t size;
-        Check(D().cuModuleGetGlobal(&addr, &size, reinterpret_cast<CUmodule>(module),
-                                    name.c_str()),
-              "cuModuleGetGlobal");
-        return std::make_pair(static_cast<uint64_t>(addr), size);
-      },
-      "device"_a, "module"_a, "name"_a);
-  m.def(
-      "alloc",
-      [](int device, size_t nbytes) {
-        DeviceScope scope(device);
-        CUdeviceptr addr;
-        Check(D().cuMemAlloc(&addr, nbytes), "cuMemAlloc");
-        Check(D().cuMemsetD8(addr, 0, nbytes), "cuMemsetD8");
-        return static_cast<uint64_t>(addr);
-      },
-      "device"_a, "nbytes"_a);
-  m.def(
-      "write",
-      [](int device, uint64_t addr, nb::bytes data) {
-        DeviceScope scope(device);
-        Check(D().cuMemcpyHtoD(addr, data.c_str(), data.size()), "cuMemcpyHtoD");
-      },
-      "device"_a, "addr"_a, "data"_a);
-  m.def(
-      "read",
-      [](int device, uint64_t addr, size_t nbytes) {
-        DeviceScope scope(device);
-        std::string out(nbytes, '\0');
-        Check(D().cuMemcpyDtoH(out.data(), addr, nbytes), "cuMemcpyDtoH");
-        return nb::bytes(out.data(), out.size());
-      },
-      "device"_a, "addr"_a, "nbytes"_a);
-  // Direct launches, for running several ranks on one GPU (jax_triton_dist/one_gpu.py).
-  m.def(
-      "stream_create",
-      [](int device) {
-        DeviceScope scope(device);
-        CUstream stream;
-        Check(D().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-        return reinterpret_cast<uintptr_t>(stream);
-      },
-      "device"_a);
-  m.def(
-      "stream_synchronize",
-      [](int device, uintptr_t stream) {
-        DeviceScope scope(device);
-        nb::gil_scoped_release release;
-        Check(D().cuStreamSynchronize(reinterpret_cast<CUstream>(stream)),
-              "cuStreamSynchronize");
-      },
-      "device"_a, "stream"_a);
-  m.def(
-      "free",
-      [](int device, uint64_t addr) {
-        DeviceScope scope(device);
-        Check(D().cuMemFree(addr), "cuMemFree");
-      },
-      "device"_a, "addr"_a);
-  m.def(
-      "launch",
-      [](int device, uintptr_t function, std::vector<unsigned> grid, unsigned block,
-         unsigned shared, std::vector<uint64_t> values, uintptr_t stream, int repeat) {
-        DeviceScope scope(device);
-        // Each kernel parameter is passed from 8 bytes of storage (little-endian), then
-        // Triton's two scratch pointers.
-        std::vector<uint64_t> storage(values);
-        storage.push_back(0);
-        storage.push_back(0);
-        std::vector<void*> pointers;
-        for (auto& v : storage) pointers.push_back(&v);
-        unsigned g[3] = {1, 1, 1};
-        for (size_t i = 0; i < grid.size() && i < 3; ++i) g[i] = grid[i];
-        for (int i = 0; i < repeat; ++i) {  // back to back (launch-overhead benchmark)
-          Check(D().cuLaunchKernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2],
-                                   block, 1, 1, shared, reinterpret_cast<CUstream>(stream),
-                                   pointers.data(), nullptr),
-                "cuLaunchKernel");
-        }
-      },
-      "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "values"_a, "stream"_a,
-      "repeat"_a = 1);
-  m.def(
-      "clear_plans",
-      [] {
-        std::lock_guard<std::mutex> lock(g_plans_mu);
-        std::vector<int> devices;
-        for (auto& [key, plan] : g_plans) {
-          if (devices.empty() || devices.back() != key.second) devices.push_back(key.second);
-          g_retired.push_back(std::move(plan));
-        }
-        g_plans.clear();
-        std::sort(devices.begin(), devices.end());
-        devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
-        return devices;
-      },
-      "Forgets every launch plan; returns the devices that had one.");
-  m.def(
-      "device_synchronize",
-      [](int device) {
-        DeviceScope scope(device);
-        nb::gil_scoped_release release;
-        Check(D().cuCtxSynchronize(), "cuCtxSynchronize");
-      },
-      "device"_a);
   m.def(
       "set_plan",
       [](int64_t call_id, int device, uintptr_t function, std::vector<unsigned> grid,
@@ -324,4 +193,30 @@ NB_MODULE(_cuda, m) {
       },
       "call_id"_a, "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "params"_a,
       "epoch_addr"_a);
+  m.def(
+      "clear_plans",
+      [] {
+        std::lock_guard<std::mutex> lock(g_plans_mu);
+        std::vector<int> devices;
+        for (auto& [key, plan] : g_plans) {
+          devices.push_back(key.second);
+          g_retired.push_back(std::move(plan));
+        }
+        g_plans.clear();
+        std::sort(devices.begin(), devices.end());
+        devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+        return devices;
+      },
+      "Forgets every launch plan; returns the devices that had one.");
+  // The launcher's side of the device ABI, for the test that checks it against
+  // device_abi.py.
+  m.def("param_kinds", [] {
+    nb::dict kinds;
+    kinds["OPERAND"] = static_cast<int>(ParamKind::kOperand);
+    kinds["RESULT"] = static_cast<int>(ParamKind::kResult);
+    kinds["VALUE"] = static_cast<int>(ParamKind::kValue);
+    kinds["STAGED"] = static_cast<int>(ParamKind::kStaged);
+    return kinds;
+  });
+  m.def("staging_slot", &StagingSlot, "epoch"_a, "even"_a, "odd"_a);
 }

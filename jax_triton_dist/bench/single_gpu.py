@@ -25,9 +25,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_triton_dist as jtd
-from jax_triton_dist import _shmem, fused
+from jax_triton_dist import fused
 from jax_triton_dist.bench import gemm, timing
-from jax_triton_dist.runtime import cuda_compile, cuda_dispatch
+from jax_triton_dist.runtime import cuda_compile, cuda_dispatch, cuda_driver
+from jax_triton_dist.shmem import heap
 
 CHAIN = 200
 COPY_SIZES = [1 << 20, 16 << 20, 256 << 20]
@@ -70,7 +71,7 @@ def launch_overhead(device, iters: int) -> list[dict[str, Any]]:
     ours = _slope(lambda k: timing.median_seconds(lambda: fns[k](x), iters), CHAIN)
 
     # The same kernel, compiled the same way, launched by the driver back to back.
-    _cuda = cuda_dispatch._cuda
+    drv = cuda_driver.driver()
     ordinal = device.local_hardware_id
     positional = [("pointer", np.dtype(np.float32))] * 2 + [("scalar", n)]
     kwargs = {"BLOCK": n}
@@ -78,59 +79,59 @@ def launch_overhead(device, iters: int) -> list[dict[str, Any]]:
     kernel = cuda_compile.compile_kernel(
         bump_kernel, signature, constexprs,
         attrs=cuda_compile.divisibility(signature, positional, kwargs), num_warps=1)
-    _, function = _cuda.load_function(ordinal, kernel.asm["cubin"], kernel.metadata.name,
+    _, function = drv.load_function(ordinal, kernel.asm["cubin"], kernel.metadata.name,
                                       kernel.metadata.shared)
-    buf = _cuda.alloc(ordinal, 4 * n)
-    stream = _cuda.stream_create(ordinal)
+    buf = drv.alloc(ordinal, 4 * n)
+    stream = drv.stream_create(ordinal)
     values = [buf, buf] + ([n] if signature.get("n") != "constexpr" else [])
 
     def bare(k):
         samples = []
         for _ in range(iters + 2):
             start = time.perf_counter()
-            _cuda.launch(ordinal, function, [1], 32, kernel.metadata.shared, values, stream,
+            drv.launch(ordinal, function, [1], 32, kernel.metadata.shared, values, stream,
                          repeat=k)
-            _cuda.stream_synchronize(ordinal, stream)
+            drv.stream_synchronize(ordinal, stream)
             samples.append(time.perf_counter() - start)
         return float(np.median(samples[2:]))
 
     bare_s = _slope(bare, CHAIN)
-    _cuda.free(ordinal, buf)
+    drv.free(ordinal, buf)
     return [{"bench": "launch", "what": "triton_call vs cuLaunchKernel, trivial kernel",
              "ours_us": ours * 1e6, "bare_us": bare_s * 1e6,
              "overhead_us": (ours - bare_s) * 1e6}]
 
 
 def copy_bandwidth(device, iters: int) -> list[dict[str, Any]]:
-    _cuda = cuda_dispatch._cuda
+    drv = cuda_driver.driver()
     ordinal = device.local_hardware_id
     cuda_dispatch.ensure_shmem(ordinal)
     rows = []
     for nbytes in COPY_SIZES:
-        src = _cuda.alloc(ordinal, nbytes)
-        plain = _cuda.alloc(ordinal, nbytes)
-        offset = _shmem.alloc(nbytes, 256)
-        heap = _shmem.heap_base(ordinal) + offset
-        _cuda.write(ordinal, src, np.random.default_rng(0).bytes(min(nbytes, 1 << 20)))
+        src = drv.alloc(ordinal, nbytes)
+        plain = drv.alloc(ordinal, nbytes)
+        offset = heap.reserve(nbytes, "the heap copy benchmark")
+        dst = heap.heap_base(ordinal) + offset
+        drv.write(ordinal, src, np.random.default_rng(0).bytes(min(nbytes, 1 << 20)))
 
         def timed(dst, src=src, nbytes=nbytes):
             samples = []
             for _ in range(iters + 2):
                 start = time.perf_counter()
-                _shmem.copy(ordinal, dst, src, nbytes)
+                heap.copy(ordinal, dst, src, nbytes)
                 samples.append(time.perf_counter() - start)
             return float(np.median(samples[2:]))
 
-        heap_s, plain_s = timed(heap), timed(plain)
+        heap_s, plain_s = timed(dst), timed(plain)
         head = min(nbytes, 1 << 20)
-        if _cuda.read(ordinal, heap, head) != _cuda.read(ordinal, src, head):
+        if drv.read(ordinal, dst, head) != drv.read(ordinal, src, head):
             raise RuntimeError("the copy into the symmetric heap lost data")
         rows.append({"bench": "copy", "bytes": nbytes, "heap_us": heap_s * 1e6,
                      "d2d_us": plain_s * 1e6, "heap_gbps": nbytes / heap_s / 1e9,
                      "d2d_gbps": nbytes / plain_s / 1e9, "ratio": plain_s / heap_s})
-        _shmem.release(offset)
-        _cuda.free(ordinal, src)
-        _cuda.free(ordinal, plain)
+        heap.release(offset)
+        drv.free(ordinal, src)
+        drv.free(ordinal, plain)
     return rows
 
 

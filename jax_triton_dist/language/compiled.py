@@ -1,10 +1,11 @@
 """Compiled (CUDA) lowering of the distributed primitives.
 
-The rank context comes from ``libjtd_device.ll``, linked into every kernel through
-Triton's ``extern_libs``; the runtime points the module global ``jtd_ctx`` of each loaded
-copy of a kernel at that rank's context. Waits spin on acquire loads with a
-``%globaltimer`` watchdog that prints the rank, the flag, the expected and the seen value
-and traps, so a lost signal fails the launch instead of hanging it.
+The rank context comes from the device library that ``device_abi`` generates, linked into
+every kernel through Triton's ``extern_libs``; the runtime points the module global
+``device_abi.CTX_SYMBOL`` of each loaded copy of a kernel at that rank's context. Waits
+spin on acquire loads with a ``%globaltimer`` watchdog that prints the rank, the flag, the
+expected and the seen value and traps, so a lost signal fails the launch instead of
+hanging it.
 
 Used only by ``primitives.py`` (the builtins' compiled branch); not public API.
 """
@@ -19,8 +20,9 @@ import triton
 import triton.language as tl
 from triton.language import core
 
+from jax_triton_dist.language import device_abi
+
 LIB_NAME = "libjtd_device"
-LIB_PATH = os.path.join(os.path.dirname(__file__), "libjtd_device.ll")
 
 _SCOPE_PTX = {"cta": "cta", "gpu": "gpu", "sys": "sys"}
 
@@ -33,7 +35,7 @@ def extern_libs(nvshmem_device_lib: str | None = None) -> dict[str, str]:
     """The ``extern_libs`` option every compiled distributed kernel needs; with NVSHMEM's
     device bitcode (``libnvshmem_device.bc``), also the NVSHMEM wrappers and the bitcode
     (in that order: Triton links each library only for what is still undefined)."""
-    libs = {LIB_NAME: LIB_PATH}
+    libs = {LIB_NAME: device_abi.library_path()}
     if nvshmem_device_lib:
         libs[NVSHMEM_LIB_NAME] = NVSHMEM_LIB_PATH
         libs["libnvshmem_device"] = nvshmem_device_lib
@@ -41,7 +43,8 @@ def extern_libs(nvshmem_device_lib: str | None = None) -> dict[str, str]:
 
 
 def _ctx_call(symbol: str, ret: tl.dtype, args: list, arg_types: tuple, _semantic):
-    return core.extern_elementwise(LIB_NAME, LIB_PATH, args, {arg_types: (symbol, ret)},
+    return core.extern_elementwise(LIB_NAME, device_abi.library_path(), args,
+                                   {arg_types: (symbol, ret)},
                                    is_pure=True, _semantic=_semantic)
 
 

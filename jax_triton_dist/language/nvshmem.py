@@ -18,12 +18,10 @@ arguments); ``source`` is any local device address.
 from __future__ import annotations
 
 from jax_triton_dist.language import compiled as _compiled
-from jax_triton_dist.language.primitives import _check_choice, _primitive
+from jax_triton_dist.language.primitives import SIG_OPS, _primitive
 
 __all__ = ["putmem_nbi_block", "putmem_signal_nbi_block", "getmem_block", "signal_op",
            "quiet", "fence", "my_pe", "n_pes"]
-
-_SIG_OPS = ("set", "add")
 
 
 def _cpu(*args, **kwargs):
@@ -40,12 +38,11 @@ def putmem_nbi_block(dest, source, nelems, pe, _semantic=None, _generator=None):
     return _compiled.nvshmem_put(dest, source, nelems, pe, None, 0, "set", _semantic)
 
 
-@_primitive(_cpu)
+@_primitive(_cpu, choices={"sig_op": SIG_OPS}, name="nvshmem.putmem_signal_nbi_block")
 def putmem_signal_nbi_block(dest, source, nelems, sig_addr, signal, sig_op, pe,
                             _semantic=None, _generator=None):
     """:func:`putmem_nbi_block`, then sets (``sig_op="set"``) or adds to (``"add"``) the
     uint64 signal ``sig_addr`` on ``pe`` once the data has landed."""
-    _check_choice(sig_op, _SIG_OPS, "sig_op", "nvshmem.putmem_signal_nbi_block")
     return _compiled.nvshmem_put(dest, source, nelems, pe, sig_addr, signal, sig_op,
                                  _semantic)
 
@@ -56,10 +53,9 @@ def getmem_block(dest, source, nelems, pe, _semantic=None, _generator=None):
     return _compiled.nvshmem_get(dest, source, nelems, pe, _semantic)
 
 
-@_primitive(_cpu)
+@_primitive(_cpu, choices={"sig_op": SIG_OPS}, name="nvshmem.signal_op")
 def signal_op(sig_addr, signal, sig_op, pe, _semantic=None, _generator=None):
     """Sets or adds to the uint64 signal ``sig_addr`` on ``pe`` (one thread does it)."""
-    _check_choice(sig_op, _SIG_OPS, "sig_op", "nvshmem.signal_op")
     return _compiled.nvshmem_signal_op(sig_addr, signal, sig_op, pe, _semantic)
 
 

@@ -14,25 +14,31 @@ these, so a kernel has one source for every backend.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter as _interp
 
-from jax_triton_dist import _shmem as _lib
 from jax_triton_dist.language import compiled as _compiled
-from jax_triton_dist.runtime.context import current
+from jax_triton_dist.language.context import current
+from jax_triton_dist.shmem import Cmp, SignalOp, host_atomics
 
 __all__ = [
     "rank", "num_ranks", "epoch", "symm_at", "wait", "notify", "consume_token", "fence",
     "barrier_area", "extern_call", "register_interpreter_extern",
+    "CMPS", "SIG_OPS", "SCOPES", "SEMANTICS",
 ]
 
-_CMPS = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
-_SIG_OPS = {"set": 0, "add": 1}
-_SCOPES = ("cta", "gpu", "sys")
-_SEMANTICS = ("acquire", "relaxed", "release", "acq_rel")
+CMPS = {cmp.name.lower(): cmp for cmp in Cmp}
+"""``cmp`` of ``dl.wait``: ``"eq"``, ``"ne"``, ``"gt"``, ``"ge"``, ``"lt"``, ``"le"``."""
+SIG_OPS = {op.name.lower(): op for op in SignalOp}
+"""``sig_op`` of ``dl.notify``: ``"set"``, ``"add"``."""
+SCOPES = ("cta", "gpu", "sys")
+"""Memory scopes of waits, notifies and fences."""
+SEMANTICS = ("acquire", "relaxed", "release", "acq_rel")
+"""Memory semantics of ``dl.wait``."""
 
 
 def _unwrap(value):
@@ -43,18 +49,35 @@ def _interpreting(semantic) -> bool:
     return semantic is None or isinstance(semantic.builder, _interp.InterpreterBuilder)
 
 
-def _primitive(interpret: Callable) -> Callable:
+def _check_choice(value, choices, what: str, fn: str) -> None:
+    if value not in choices:
+        raise ValueError(f"dl.{fn}: {what} must be one of {list(choices)}, got {value!r}")
+
+
+def _primitive(interpret: Callable, *, choices: Mapping[str, tuple] | None = None,
+               name: str | None = None) -> Callable:
     """Makes a builtin whose interpreter implementation is ``interpret``.
 
     The decorated function is the compiled implementation; it receives ``_semantic`` and
     ``_generator`` (the code generator) and plain Python values for constexprs.
+    ``choices`` maps parameters to their allowed values, checked once, before either
+    implementation runs (``name``: the primitive's name in messages, default the
+    function's).
     """
 
     def decorator(compiled: Callable) -> Callable:
+        signature = inspect.signature(compiled)
+        label = name or compiled.__name__
+
         @functools.wraps(compiled)
         def builtin(*args, _semantic=None, _generator=None, **kwargs):
             args = [_unwrap(a) for a in args]
             kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
+            if choices:
+                bound = signature.bind_partial(*args, **kwargs)
+                bound.apply_defaults()
+                for param, allowed in choices.items():
+                    _check_choice(bound.arguments[param], allowed, param, label)
             if _interpreting(_semantic):
                 return interpret(*args, **kwargs)
             return compiled(*args, _semantic=_semantic, _generator=_generator, **kwargs)
@@ -190,26 +213,18 @@ def _flag_addresses(flag_ptrs, n, fn: str) -> tuple[list[int], tl.dtype]:
     return [int(a) for a in data.reshape(-1)[:n]], element
 
 
-def _check_choice(value, choices, what: str, fn: str) -> None:
-    if value not in choices:
-        raise ValueError(f"dl.{fn}: {what} must be one of {list(choices)}, got {value!r}")
-
-
 def _wait_interp(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="eq"):
-    _check_choice(scope, _SCOPES, "scope", "wait")
-    _check_choice(semantic, _SEMANTICS, "semantic", "wait")
-    _check_choice(cmp, _CMPS, "cmp", "wait")
     ctx = current()
     count = _scalar_int(n, "n")
     addresses, element = _flag_addresses(flag_ptrs, count, "wait")
     expected = _scalar_int(value, "value")
     who = f"{ctx.who()}: dl.wait(cmp={cmp!r})"
-    _lib.wait_flags(addresses, element.primitive_bitwidth // 8, element.is_int_signed(),
-                    _CMPS[cmp], expected, ctx.timeout, who)
+    host_atomics.wait_flags(addresses, element.primitive_bitwidth // 8,
+                            element.is_int_signed(), CMPS[cmp], expected, ctx.timeout, who)
     return _scalar(0, tl.int32)
 
 
-@_primitive(_wait_interp)
+@_primitive(_wait_interp, choices={"scope": SCOPES, "semantic": SEMANTICS, "cmp": CMPS})
 def wait(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="eq", _semantic=None,
          _generator=None):
     """Spins until each of ``n`` flags compares true with ``value``; returns a token.
@@ -226,33 +241,27 @@ def wait(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="eq", _se
     A wait that is not satisfied within the timeout (``JTD_WAIT_TIMEOUT``, default 60 s)
     fails with the rank, the flag index and address, the expected and the seen value.
     """
-    for choice, choices, what in ((scope, _SCOPES, "scope"), (semantic, _SEMANTICS, "semantic"),
-                                  (cmp, _CMPS, "cmp")):
-        _check_choice(choice, choices, what, "wait")
     return _compiled.wait(flag_ptrs, n, value, cmp, semantic, scope, _semantic, _generator)
 
 
 def _notify_interp(ptr, peer, signal=1, sig_op="set", scope="gpu"):
-    _check_choice(sig_op, _SIG_OPS, "sig_op", "notify")
-    _check_choice(scope, _SCOPES, "scope", "notify")
     data, element = _pointer_data(ptr, "notify")
     if not element.is_int() or element.primitive_bitwidth not in (32, 64):
         raise TypeError(f"{current().who()}: dl.notify: flags must be 32- or 64-bit integers, "
                         f"got {element}")
     value = _scalar_int(signal, "signal") & ((1 << element.primitive_bitwidth) - 1)
     for address in _translate(data, peer, "notify").reshape(-1):
-        _lib.signal_op(int(address), value, _SIG_OPS[sig_op], element.primitive_bitwidth // 8)
+        host_atomics.signal_op(int(address), value, SIG_OPS[sig_op],
+                               element.primitive_bitwidth // 8)
 
 
-@_primitive(_notify_interp)
+@_primitive(_notify_interp, choices={"sig_op": SIG_OPS, "scope": SCOPES})
 def notify(ptr, peer, signal=1, sig_op="set", scope="gpu", _semantic=None, _generator=None):
     """Sets (``sig_op="set"``) or adds to (``"add"``) the flag ``ptr`` on rank ``peer``.
 
     The update has release semantics: writes made before it are visible to a rank that
     observes the flag with ``wait``.
     """
-    _check_choice(sig_op, _SIG_OPS, "sig_op", "notify")
-    _check_choice(scope, _SCOPES, "scope", "notify")
     return _compiled.notify(ptr, peer, signal, sig_op, scope, _semantic)
 
 
@@ -266,14 +275,12 @@ def consume_token(x, token, _semantic=None, _generator=None):
 
 
 def _fence_interp(scope="gpu"):
-    _check_choice(scope, _SCOPES, "scope", "fence")
-    _lib.fence()
+    host_atomics.fence()
 
 
-@_primitive(_fence_interp)
+@_primitive(_fence_interp, choices={"scope": SCOPES})
 def fence(scope="gpu", _semantic=None, _generator=None):
     """Orders this program's earlier memory operations before its later ones."""
-    _check_choice(scope, _SCOPES, "scope", "fence")
     return _compiled.fence(scope, _semantic)
 
 

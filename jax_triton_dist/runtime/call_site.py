@@ -20,18 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from jax_triton_dist import _shmem as _lib
 from jax_triton_dist import shmem
+from jax_triton_dist.shmem import heap, lifetime
+from jax_triton_dist.shmem.settings import aligned
 
 __all__ = ["ArraySpec", "CallSite", "TeamState", "allocate_region", "local_pes", "find",
            "lookup", "register"]
-
-ALIGN = 256
-
-
-def aligned(nbytes: int) -> int:
-    """``nbytes`` rounded up to the region alignment."""
-    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +72,7 @@ class CallSite:
       outputs: per-rank result specs.
       workspaces: per-rank symmetric workspace specs.
       kwargs: keyword (constexpr) arguments.
-      launch: compiled backends' launch options (``num_warps``, ``num_stages``).
+      options: compiled backends' compile options (``num_warps``, ``num_stages``).
     """
 
     kernel: Any
@@ -93,7 +87,7 @@ class CallSite:
     outputs: list[ArraySpec]
     workspaces: list[ArraySpec]
     kwargs: dict[str, Any]
-    launch: dict[str, int] = dataclasses.field(default_factory=dict)
+    options: dict[str, int] = dataclasses.field(default_factory=dict)
     teams: dict[tuple[int, ...], TeamState] = dataclasses.field(default_factory=dict)
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
@@ -128,9 +122,9 @@ class CallSite:
         key = coords[: self.axis] + coords[self.axis + 1:]
         with self.cond:
             team = self.teams.get(key)
-            if team is None or team.generation != shmem.generation():
+            if team is None or team.generation != lifetime.generation():
                 # First run, or SHMEM was re-initialised since: start over.
-                team = TeamState(pes=[None] * self.num_ranks, generation=shmem.generation())
+                team = TeamState(pes=[None] * self.num_ranks, generation=lifetime.generation())
                 self.teams[key] = team
             if team.pes[rank] is None:
                 team.pes[rank] = pe
@@ -169,10 +163,10 @@ class CallSite:
         key = coords[: self.axis] + coords[self.axis + 1:]
         with self.cond:
             team = self.teams.get(key)
-            if team is None or team.generation != shmem.generation():
+            if team is None or team.generation != lifetime.generation():
                 team_name = f"{name}/team{'-'.join(map(str, key))}"
                 pes = gather(f"{team_name}/pes", self.num_ranks, rank, pe)
-                team = TeamState(pes=pes, generation=shmem.generation(), name=team_name)
+                team = TeamState(pes=pes, generation=lifetime.generation(), name=team_name)
                 team.region = allocate(self, team)
                 self.teams[key] = team
         return rank, team
@@ -180,7 +174,7 @@ class CallSite:
 
 def local_pes(team: TeamState) -> list[int]:
     """The team's PEs whose memory this process initialises (all, in one process)."""
-    mine = _lib.process_pe()
+    mine = heap.process_pe()
     return list(team.pes) if mine < 0 else [pe for pe in team.pes if pe == mine]
 
 
@@ -190,16 +184,9 @@ def allocate_region(site: CallSite, team: TeamState, extra: int = 0) -> int:
     process). Returns the offset."""
     _, _, _, total = site.region_layout
     total = aligned(total) + extra
-    try:
-        offset = _lib.alloc(total, ALIGN)
-    except shmem.ShmemError as error:
-        raise shmem.ShmemError(
-            f"kernel {site.label}: symmetric heap exhausted: its workspaces need {total} "
-            f"bytes per rank (heap {_lib.heap_size()} bytes, {_lib.allocated_bytes()} in use; "
-            f"{error}); raise {shmem.HEAP_SIZE_ENV}"
-        ) from None
+    offset = heap.reserve(total, f"kernel {site.label}'s workspaces")
     for pe in local_pes(team):
-        _lib.memset(pe, _lib.heap_base(pe) + offset, 0, total)
+        heap.memset(pe, heap.heap_base(pe) + offset, 0, total)
     return offset
 
 

@@ -13,9 +13,11 @@ import traceback
 import numpy as np
 from triton.runtime.errors import InterpreterError
 
-from jax_triton_dist import _shmem as _lib
 from jax_triton_dist import shmem
-from jax_triton_dist.runtime import call_site, context, interpreter
+from jax_triton_dist.language import context
+from jax_triton_dist.language.device_abi import staging_slot
+from jax_triton_dist.runtime import call_site, interpreter
+from jax_triton_dist.shmem import heap
 
 __all__ = ["dispatch"]
 
@@ -24,16 +26,16 @@ _init_lock = threading.Lock()
 
 def _ensure_shmem(device_ordinal: int) -> None:
     with _init_lock:
-        if not _lib.initialized():
+        if heap.running_backend() is None:
             shmem.init(backend="host")
-    if _lib.backend_name() != "host":
+    if heap.running_backend() != "host":
         raise shmem.ShmemError(
-            f"SHMEM runs the {_lib.backend_name()!r} backend, but a CPU device runs a "
+            f"SHMEM runs the {heap.running_backend()!r} backend, but a CPU device runs a "
             "distributed kernel (it needs 'host'): finalize SHMEM before switching platforms"
         )
-    if device_ordinal >= _lib.n_pes():
+    if device_ordinal >= shmem.n_pes():
         raise shmem.ShmemError(
-            f"SHMEM was initialised with {_lib.n_pes()} PEs, but CPU device {device_ordinal} "
+            f"SHMEM was initialised with {shmem.n_pes()} PEs, but CPU device {device_ordinal} "
             "runs a distributed kernel; initialise with n_pes >= the number of CPU devices "
             "(or let the runtime initialise SHMEM)"
         )
@@ -41,7 +43,7 @@ def _ensure_shmem(device_ordinal: int) -> None:
 
 def _kernel_args(site: call_site.CallSite, pe: int, epoch: int, region: int,
                  arg_ptrs: list[int], ret_ptrs: list[int]) -> list:
-    base = _lib.heap_base(pe) + region
+    base = heap.heap_base(pe) + region
     _, workspace_offsets, staging, _ = site.region_layout
     args = []
     for kind, value in site.params:
@@ -56,8 +58,8 @@ def _kernel_args(site: call_site.CallSite, pe: int, epoch: int, region: int,
             spec = site.inputs[value]
             address = arg_ptrs[value + 1]
             if value in staging:
-                slot = base + staging[value][epoch % 2]
-                _lib.copy(pe, slot, address, spec.nbytes)
+                slot = base + staging_slot(epoch, *staging[value])
+                heap.copy(pe, slot, address, spec.nbytes)
                 address = slot
             args.append(interpreter.Pointer(address, spec.dtype))
     return args
@@ -77,10 +79,10 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
         num_ranks=site.num_ranks,
         pe=device_ordinal,
         team_pes=tuple(team.pes),
-        heap_bases=np.array([_lib.heap_base(p) for p in team.pes], dtype=np.uint64),
-        heap_size=_lib.heap_size(),
+        heap_bases=np.array([heap.heap_base(p) for p in team.pes], dtype=np.uint64),
+        heap_size=heap.heap_size(),
         epoch=epoch,
-        barrier_area=_lib.heap_base(device_ordinal) + team.region,
+        barrier_area=heap.heap_base(device_ordinal) + team.region,
         timeout=timeout,
         label=site.label,
     )

@@ -1,7 +1,7 @@
 """Compiles distributed kernels for NVIDIA GPUs with stock Triton (no GPU needed).
 
-The result links ``libjtd_device.ll`` (the rank context) and exposes the module global
-``jtd_ctx`` that the CUDA runtime sets for each loaded copy.
+The result links the device library of ``language.device_abi`` (the rank context) and
+exposes its module global ``CTX_SYMBOL``, which the CUDA runtime sets for each loaded copy.
 """
 
 from __future__ import annotations
@@ -12,18 +12,17 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import mangle_type
 
+from jax_triton_dist import dtypes
 from jax_triton_dist.language import compiled as _compiled
+from jax_triton_dist.language import device_abi
 from jax_triton_dist.runtime import interpreter
 
-__all__ = ["compile_kernel", "signature_of", "uses_nvshmem", "CTX_SYMBOL"]
-
-CTX_SYMBOL = "jtd_ctx"
+__all__ = ["compile_kernel", "signature_of", "divisibility", "uses_nvshmem"]
 
 
 def signature_of(kernel: Any, positional: list[tuple[str, Any]],
@@ -81,15 +80,8 @@ def divisibility(signature: dict[str, str], positional: list[tuple[str, Any]],
     return attrs
 
 
-_TRITON_TYPES = {
-    "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
-    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
-    "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "i1",
-}
-
-
 def _pointer_sig(dtype: Any) -> str:
-    return "*" + _TRITON_TYPES[np.dtype(dtype).name]
+    return "*" + dtypes.triton_name(dtype)
 
 
 @functools.cache
@@ -100,7 +92,8 @@ def _lowering_key() -> str:
     from jax_triton_dist.language import nvshmem, primitives
 
     digest = hashlib.sha256()
-    for path in (_compiled.__file__, primitives.__file__, nvshmem.__file__):
+    for path in (_compiled.__file__, primitives.__file__, nvshmem.__file__,
+                 device_abi.__file__):
         with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()

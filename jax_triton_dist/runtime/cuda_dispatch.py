@@ -1,13 +1,13 @@
-"""CUDA backend: plans the launches of a call site on one GPU (one process, local GPUs).
+"""CUDA backend: plans the launches of a call site on one GPU.
 
 The C++ handler (xla_ffi/cuda_launch.cc) calls :func:`plan` on the first call of a
 (call site, device). Planning reads the device's mesh coordinates once, joins the team,
-allocates the team's symmetric region in the SHMEM heaps (the ``cuda`` backend: PE ``i``
-is GPU ``i``, every heap reachable from every GPU) with each rank's context at its end,
-compiles the kernel for the device (once per call site), loads it, points its ``jtd_ctx``
-global at the rank's context, and registers the launch plan. Later calls launch from C++
-without Python. ``shmem.finalize`` drops the plans (after the GPUs finish their work), so
-the next call plans again in the new heaps.
+allocates the team's symmetric region in the SHMEM heaps (``cuda``: PE ``i`` is GPU ``i``,
+every heap reachable from every GPU; ``nvshmem``: one PE per process) with each rank's
+context (``device_abi``) at its end, compiles the kernel for the device (once per call
+site), loads it, points its context global at the rank's context, and registers the
+launch plan. Later calls launch from C++ without Python. ``shmem.finalize`` drops the
+plans (after the GPUs finish their work), so the next call plans again in the new heaps.
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from jax_triton_dist import _shmem as _lib
-from jax_triton_dist import shmem
-from jax_triton_dist.runtime import call_site, cuda_compile
+from jax_triton_dist import dtypes, shmem
+from jax_triton_dist.language import device_abi
+from jax_triton_dist.language.device_abi import ParamKind
+from jax_triton_dist.runtime import call_site, cuda_compile, cuda_driver
+from jax_triton_dist.shmem import heap, lifetime, nvshmem_bootstrap, rendezvous
+from jax_triton_dist.shmem.settings import aligned
 
 try:  # built only where the CUDA headers were found
     from jax_triton_dist import _cuda
@@ -28,26 +31,27 @@ except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
 __all__ = ["plan", "bind_context", "ensure_shmem", "regions", "compile_site",
-           "launch_params", "OPERAND", "RESULT", "VALUE", "STAGED"]
-
-_CTX_HEADER = struct.Struct("<iiiiqq")  # rank, num_ranks, epoch, reserved, barrier, timeout
-_SCALAR_FORMATS = {"i1": "<?", "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q", "u8": "<B",
-                   "u16": "<H", "u32": "<I", "u64": "<Q", "fp32": "<f", "fp64": "<d"}
-OPERAND, RESULT, VALUE, STAGED = 0, 1, 2, 3
+           "kernel_params", "launcher"]
 
 _compile_lock = threading.Lock()
 _compiled: dict[int, Any] = {}
 _init_lock = threading.Lock()
 
 
+def launcher():
+    """The ``_cuda`` extension (the FFI handler and its plans), or None in a build without
+    the CUDA headers."""
+    return _cuda
+
+
 def _drop_plans() -> None:
     """Before SHMEM releases the heaps: let the GPUs finish, then forget every plan."""
-    if _cuda is not None and _cuda.available():
+    if _cuda is not None and cuda_driver.available():
         for device in _cuda.clear_plans():
-            _cuda.device_synchronize(device)
+            cuda_driver.driver().device_synchronize(device)
 
 
-shmem._on_finalize(_drop_plans)
+lifetime.on_finalize(_drop_plans)
 
 
 def ensure_shmem(device: int) -> int:
@@ -56,27 +60,27 @@ def ensure_shmem(device: int) -> int:
     or ``nvshmem`` when each process of a multi-process job has one GPU. Returns the PE of
     GPU ``device``."""
     with _init_lock:
-        if not _lib.initialized():
-            if shmem._default_backend() == "nvshmem":
+        if heap.running_backend() is None:
+            if lifetime.default_backend() == "nvshmem":
                 shmem.init(backend="nvshmem")
             else:
-                count = _cuda.device_count()
+                count = cuda_driver.driver().device_count()
                 shmem.init(n_pes=count, backend="cuda", devices=list(range(count)))
-    backend = _lib.backend_name()
+    backend = heap.running_backend()
     if backend == "nvshmem":
-        pe = _lib.process_pe()
-        if _lib.device_of(pe) != device:
+        pe = heap.process_pe()
+        if shmem.device_of(pe) != device:
             raise shmem.ShmemError(
                 f"GPU {device} runs a distributed kernel, but this process's NVSHMEM PE {pe} "
-                f"is on GPU {_lib.device_of(pe)}")
+                f"is on GPU {shmem.device_of(pe)}")
         return pe
     if backend != "cuda":
         raise shmem.ShmemError(
             f"SHMEM runs the {backend!r} backend, but GPU {device} runs a distributed kernel, "
             "which needs 'cuda' or 'nvshmem': finalize SHMEM before switching platforms")
-    if device >= _lib.n_pes() or _lib.device_of(device) != device:
-        where = (f"PE {device} is on GPU {_lib.device_of(device)}" if device < _lib.n_pes()
-                 else f"there are only {_lib.n_pes()} PEs")
+    if device >= shmem.n_pes() or shmem.device_of(device) != device:
+        where = (f"PE {device} is on GPU {shmem.device_of(device)}" if device < shmem.n_pes()
+                 else f"there are only {shmem.n_pes()} PEs")
         raise shmem.ShmemError(
             f"GPU {device} runs a distributed kernel as PE {device}, but {where}: initialise "
             "SHMEM with devices=range(number of GPUs), or let the runtime initialise it")
@@ -92,38 +96,37 @@ def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[i
     written, so no rank writes into a peer's region before the peer initialised it.
     """
     _, _, _, total = site.region_layout
-    ctx_size = _CTX_HEADER.size + 12 * site.num_ranks  # header, heap bases, PEs
-    offset = call_site.allocate_region(site, team, extra=call_site.aligned(ctx_size))
-    heaps = [_lib.heap_base(pe) for pe in team.pes]
+    offset = call_site.allocate_region(
+        site, team, extra=aligned(device_abi.context_size(site.num_ranks)))
+    heaps = [heap.heap_base(pe) for pe in team.pes]
     local = call_site.local_pes(team)
     me = team.pes.index(local[0]) if team.name else None
     if team.name:
-        offsets = shmem._process_gather(f"{team.name}/region", site.num_ranks, me, offset)
+        offsets = rendezvous.process_gather(f"{team.name}/region", site.num_ranks, me, offset)
         if len(set(offsets)) != 1:
-            _lib.release(offset)
+            heap.release(offset)
             raise shmem.ShmemError(
                 f"kernel {site.label}: the team's processes reserved different heap offsets "
                 f"for its workspaces ({offsets}): every process must run the same kernels in "
                 "the same order")
-        unreachable = [pe for pe, heap in zip(team.pes, heaps, strict=True) if heap == 0]
+        unreachable = [pe for pe, base in zip(team.pes, heaps, strict=True) if base == 0]
         if unreachable:
-            _lib.release(offset)
+            heap.release(offset)
             raise NotImplementedError(
                 f"kernel {site.label}: PE(s) {unreachable} of its team are not reachable by "
                 f"load/store from PE {local[0]} (another node: no nvshmem_ptr mapping); "
                 "kernels across nodes need NVSHMEM device calls, which are not supported yet")
-    ctx_offset = offset + call_site.aligned(total)
+    ctx_offset = offset + aligned(total)
     timeout_ns = int(shmem.wait_timeout() * 1e9)
     result = []
-    for rank, (pe, heap) in enumerate(zip(team.pes, heaps, strict=True)):
+    for rank, (pe, base) in enumerate(zip(team.pes, heaps, strict=True)):
         if pe in local:
-            header = _CTX_HEADER.pack(rank, site.num_ranks, 0, 0, heap + offset, timeout_ns)
-            table = struct.pack(f"<{len(heaps)}Q{len(heaps)}i", *heaps, *team.pes)
-            ctx = np.frombuffer(header + table, np.uint8)
-            _lib.copy(pe, heap + ctx_offset, ctx.ctypes.data, ctx.nbytes)
-        result.append((heap + offset, heap + ctx_offset))
+            ctx = np.frombuffer(device_abi.pack_context(
+                rank, site.num_ranks, base + offset, timeout_ns, heaps, team.pes), np.uint8)
+            heap.copy(pe, base + ctx_offset, ctx.ctypes.data, ctx.nbytes)
+        result.append((base + offset, base + ctx_offset))
     if team.name:
-        shmem._process_gather(f"{team.name}/ready", site.num_ranks, me, 1)
+        rendezvous.process_gather(f"{team.name}/ready", site.num_ranks, me, 1)
     return result
 
 
@@ -145,8 +148,8 @@ def compile_site(call_id: int, site: call_site.CallSite):
             attrs = cuda_compile.divisibility(signature, positional, site.kwargs)
             kernel = cuda_compile.compile_kernel(
                 site.kernel, signature, constexprs, attrs=attrs,
-                num_warps=site.launch.get("num_warps", 4),
-                num_stages=site.launch.get("num_stages", 3), num_ranks=site.num_ranks,
+                num_warps=site.options.get("num_warps", 4),
+                num_stages=site.options.get("num_stages", 3), num_ranks=site.num_ranks,
                 nvshmem_device_lib=_nvshmem_device_lib())
             _compiled[call_id] = (signature, kernel)
         return _compiled[call_id]
@@ -155,26 +158,21 @@ def compile_site(call_id: int, site: call_site.CallSite):
 def _nvshmem_device_lib() -> str | None:
     """NVSHMEM's device bitcode when kernels run on the nvshmem backend (so that they may
     make ``dl.nvshmem`` calls), else None."""
-    if not _lib.initialized() or _lib.backend_name() != "nvshmem":
+    if heap.running_backend() != "nvshmem":
         return None
-    from jax_triton_dist import nvshmem_bootstrap
-
     return nvshmem_bootstrap.device_library_path()
 
 
-def _value(type_name: str, value: Any) -> tuple[int, int, int, int]:
-    fmt = _SCALAR_FORMATS.get(type_name)
-    if fmt is None:
-        raise TypeError(f"unsupported scalar kernel argument type {type_name}")
-    raw = struct.pack(fmt, value)
-    return (VALUE, 0, int.from_bytes(raw.ljust(8, b"\0"), "little"), 0, len(raw))
+def _value(type_name: str, value: Any) -> tuple[int, int, int, int, int]:
+    raw = struct.pack(dtypes.scalar_format(type_name), value)
+    return (ParamKind.VALUE, 0, int.from_bytes(raw.ljust(8, b"\0"), "little"), 0, len(raw))
 
 
-def launch_params(site: call_site.CallSite, signature: dict[str, str],
+def kernel_params(site: call_site.CallSite, signature: dict[str, str],
                   region: int) -> list[tuple[int, int, int, int, int]]:
-    """``(kind, index, value, alt, size)`` per kernel parameter: an operand, a result, a
-    value, or an operand staged into the symmetric slot ``value`` (odd epochs: ``alt``)
-    and ``size`` bytes long."""
+    """``(kind, index, value, alt, size)`` per kernel parameter (``ParamKind``): an
+    operand, a result, a value, or an operand staged into the symmetric slot ``value``
+    (odd epochs: ``alt``) and ``size`` bytes long."""
     _, workspace_offsets, staging, _ = site.region_layout
     positional = dict(zip(signature, site.params, strict=False))
     params = []
@@ -186,26 +184,27 @@ def launch_params(site: call_site.CallSite, signature: dict[str, str],
         # maps any pointer to itself), so the operand is used in place.
         if kind == "array" and value in staging and site.num_ranks > 1:
             even, odd = staging[value]
-            params.append((STAGED, value + 1, region + even, region + odd,
+            params.append((ParamKind.STAGED, value + 1, region + even, region + odd,
                            site.inputs[value].nbytes))
-        elif kind == "array":
-            params.append((OPERAND, value + 1, 0, 0, 8))  # operand 0 holds the coordinates
+        elif kind == "array":  # operand 0 holds the coordinates
+            params.append((ParamKind.OPERAND, value + 1, 0, 0, 8))
         elif kind == "output":
-            params.append((RESULT, value, 0, 0, 8))
+            params.append((ParamKind.RESULT, value, 0, 0, 8))
         elif kind == "workspace":
-            params.append((VALUE, 0, region + workspace_offsets[value], 0, 8))
+            params.append((ParamKind.VALUE, 0, region + workspace_offsets[value], 0, 8))
         else:
             params.append(_value(type_name, value))
     return params
 
 
 def bind_context(device: int, module: int, kernel: Any, ctx: int) -> None:
-    """Points the loaded module's ``jtd_ctx`` at ``ctx`` (kernels that use no distributed
-    primitive have no such global)."""
-    if f" {cuda_compile.CTX_SYMBOL};" not in kernel.asm["ptx"]:
+    """Points the loaded module's context global at ``ctx`` (kernels that use no
+    distributed primitive have no such global)."""
+    if f" {device_abi.CTX_SYMBOL};" not in kernel.asm["ptx"]:
         return
-    address, _ = _cuda.module_global(device, module, cuda_compile.CTX_SYMBOL)
-    _cuda.write(device, address, struct.pack("<Q", ctx))
+    drv = cuda_driver.driver()
+    address, _ = drv.module_global(device, module, device_abi.CTX_SYMBOL)
+    drv.write(device, address, struct.pack("<Q", ctx))
 
 
 def _check_team_fits(site: call_site.CallSite) -> None:
@@ -224,23 +223,25 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
     site = call_site.lookup(call_id)
     _check_team_fits(site)
     pe = ensure_shmem(device)
-    raw = _cuda.read(device, coords_addr, 4 * len(site.mesh_axes))
+    drv = cuda_driver.driver()
+    raw = drv.read(device, coords_addr, 4 * len(site.mesh_axes))
     coords = tuple(int(c) for c in np.frombuffer(raw, np.int32))
-    if _lib.process_pe() >= 0:  # nvshmem: this process holds one rank of each team
-        rank, team = site.join_processes(coords, pe, f"site{call_id}", shmem._process_gather,
-                                         regions)
+    if heap.process_pe() >= 0:  # nvshmem: this process holds one rank of each team
+        rank, team = site.join_processes(coords, pe, f"site{call_id}",
+                                         rendezvous.process_gather, regions)
     else:
         rank, team = site.join(coords, device, shmem.wait_timeout(), regions)
     region, ctx = team.region[rank]
     signature, kernel = compile_site(call_id, site)
-    module, function = _cuda.load_function(device, kernel.asm["cubin"], kernel.metadata.name,
-                                           kernel.metadata.shared)
+    module, function = drv.load_function(device, kernel.asm["cubin"], kernel.metadata.name,
+                                         kernel.metadata.shared)
     bind_context(device, module, kernel, ctx)
     if cuda_compile.uses_nvshmem(kernel):
-        _lib.nvshmem_cumodule_init(module)
+        heap.init_nvshmem_module(module)
     grid = list(site.grid) + [1] * (3 - len(site.grid))
     _cuda.set_plan(call_id, device, function, grid, 32 * kernel.metadata.num_warps,
-                   kernel.metadata.shared, launch_params(site, signature, region), ctx + 8)
+                   kernel.metadata.shared, kernel_params(site, signature, region),
+                   ctx + device_abi.EPOCH_OFFSET)
 
 
 def plan(call_id: int, device: int, coords_addr: int) -> str | None:

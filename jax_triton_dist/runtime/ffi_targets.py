@@ -22,8 +22,9 @@ def register() -> None:
     for name, capsule in _ffi.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     _ffi.set_cpu_dispatcher(cpu_dispatch.dispatch)
-    if cuda_dispatch._cuda is not None:
-        for name, capsule in cuda_dispatch._cuda.registrations().items():
+    launcher = cuda_dispatch.launcher()
+    if launcher is not None:
+        for name, capsule in launcher.registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-        cuda_dispatch._cuda.set_planner(cuda_dispatch.plan)
+        launcher.set_planner(cuda_dispatch.plan)
     _registered = True

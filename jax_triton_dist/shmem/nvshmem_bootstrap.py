@@ -4,9 +4,10 @@ One process per GPU (``jax.distributed.initialize``): PE ``p`` is process ``p``.
 NVSHMEM's unique id and publishes it in JAX's distributed key-value store; every other
 PE reads it from there (no MPI, no torch). The same store carries the host API's
 collective rendezvous (``shmem.malloc`` consistency checks, ``barrier_all``, team splits)
-between processes.
+between processes (:class:`KeyValueRendezvous`).
 
-Private to :mod:`jax_triton_dist.shmem`.
+Used by :mod:`jax_triton_dist.shmem.lifetime`; imports nothing else of the package but its
+settings.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import struct
 import jax
 
 from jax_triton_dist import _shmem as _lib
+from jax_triton_dist.shmem.settings import parse_size
 
 LIBRARY_ENV = "JTD_NVSHMEM_LIB"
 """Environment variable: path of ``libnvshmem_host.so.3`` (default: the
@@ -38,6 +40,18 @@ def library_path() -> str:
             "shmem.init('nvshmem'): NVSHMEM not found: pip install nvidia-nvshmem-cu13, or "
             f"set {LIBRARY_ENV} to libnvshmem_host.so.3") from None
     return os.path.join(list(nvidia.nvshmem.__path__)[0], "lib", "libnvshmem_host.so.3")
+
+
+def library_version() -> str:
+    """Version of NVSHMEM's host library, ``"major.minor.patch"`` (loads it).
+
+    Raises:
+      ShmemError: the library is missing, or this build has no ``nvshmem`` backend.
+    """
+    if not _lib.has_nvshmem():
+        raise _lib.ShmemError("this build of jax_triton_dist has no nvshmem backend (built "
+                              "without NVSHMEM's headers)")
+    return _lib.nvshmem_version(library_path())
 
 
 def device_library_path(capability: int = 90) -> str | None:
@@ -91,9 +105,7 @@ def prepare_heap(heap_size: int) -> None:
     if raw is None:
         os.environ[SYMMETRIC_SIZE_ENV] = str(needed)
         return
-    from jax_triton_dist.shmem import _parse_size
-
-    if _parse_size(raw) < needed:
+    if parse_size(raw, SYMMETRIC_SIZE_ENV) < needed:
         raise _lib.ShmemError(
             f"shmem.init('nvshmem'): {SYMMETRIC_SIZE_ENV}={raw} leaves no room for a "
             f"{heap_size}-byte heap (needs >= {needed} bytes: the heap plus "
@@ -114,9 +126,10 @@ def unique_id(library: str, n_pes: int, my_pe: int, generation: int,
         "(is PE 0 initialising SHMEM too?)")
 
 
-class Exchange:
+class KeyValueRendezvous:
     """All-gathers of one int64 among PEs in different processes, through JAX's key-value
-    store. Keys are never deleted (a few bytes per collective call)."""
+    store (the cross-process form of :mod:`jax_triton_dist.shmem.rendezvous`). Keys are
+    never deleted (a few bytes per collective call)."""
 
     def __init__(self, generation: int):
         self.generation = generation

@@ -1,7 +1,8 @@
-"""The per-launch rank context that the ``dl`` primitives read.
+"""The rank context that the interpreted ``dl`` primitives read.
 
 The runtime makes a :class:`RankContext` current on a device's thread while that
-device's rank runs a kernel; ``dl.rank()``, ``dl.symm_at()`` and friends read it.
+device's rank runs a kernel in the interpreter; ``dl.rank()``, ``dl.symm_at()`` and friends
+read it. (Compiled kernels read the same facts from device memory: ``device_abi``.)
 """
 
 from __future__ import annotations

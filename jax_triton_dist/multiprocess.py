@@ -2,15 +2,15 @@
 
 From the shell::
 
-    python -m jax_triton_dist.launch --processes 8 train.py [script args ...]
+    python -m jax_triton_dist.multiprocess --processes 8 train.py [script args ...]
 
 starts ``train.py`` 8 times, process ``i`` on GPU ``i`` (``CUDA_VISIBLE_DEVICES``), with
 the job's coordinates in ``JTD_COORDINATOR``, ``JTD_PROCESS_ID`` and
 ``JTD_NUM_PROCESSES``; each line of output is prefixed with ``[i]``. The script joins the
 job with::
 
-    from jax_triton_dist import launch
-    launch.initialize()          # jax.distributed.initialize from those variables
+    from jax_triton_dist import multiprocess
+    multiprocess.initialize()    # jax.distributed.initialize from those variables
 
 ``--share-gpu`` puts every process on the first GPU: NVSHMEM accepts several PEs on one
 GPU, so a one-GPU machine runs the multi-process mode for testing (the processes'
@@ -48,8 +48,8 @@ def initialize(timeout_s: int = 300) -> tuple[int, int]:
     missing = [v for v in (COORDINATOR_ENV, PROCESS_ID_ENV, NUM_PROCESSES_ENV)
                if v not in os.environ]
     if missing:
-        raise RuntimeError(f"launch.initialize: {', '.join(missing)} not set: start this "
-                           "script with python -m jax_triton_dist.launch")
+        raise RuntimeError(f"multiprocess.initialize: {', '.join(missing)} not set: start "
+                           "this script with python -m jax_triton_dist.multiprocess")
     jax.distributed.initialize(coordinator_address=os.environ[COORDINATOR_ENV],
                                num_processes=int(os.environ[NUM_PROCESSES_ENV]),
                                process_id=int(os.environ[PROCESS_ID_ENV]),
@@ -69,7 +69,7 @@ def _gpus(processes: int, share_gpu: bool) -> list[str]:
     if share_gpu:
         return [pool[0]] * processes
     if len(pool) < processes:
-        raise ValueError(f"launch: {processes} processes but CUDA_VISIBLE_DEVICES={visible} "
+        raise ValueError(f"multiprocess: {processes} processes but CUDA_VISIBLE_DEVICES={visible} "
                          "names fewer GPUs (one per process; --share-gpu to share one)")
     return pool[:processes]
 
@@ -93,7 +93,7 @@ def run(command: Sequence[str], processes: int, *, share_gpu: bool = False,
       killed for the timeout, or because another failed, reports return code -9.
     """
     if processes < 1:
-        raise ValueError(f"launch: processes must be >= 1, got {processes}")
+        raise ValueError(f"multiprocess: processes must be >= 1, got {processes}")
     port = _free_port()
     base = dict(os.environ, **(env or {}))
     base.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # no NVLink multicast
@@ -142,7 +142,7 @@ def run(command: Sequence[str], processes: int, *, share_gpu: bool = False,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jax_triton_dist.launch",
+    parser = argparse.ArgumentParser(prog="python -m jax_triton_dist.multiprocess",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", "-n", type=int, required=True,
                         help="number of processes (one per GPU)")
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    timeout=args.timeout)
     for index, code in enumerate(codes):
         if code != 0:
-            print(f"launch: process {index} exited with {code}", file=sys.stderr)
+            print(f"multiprocess: process {index} exited with {code}", file=sys.stderr)
     return 1 if any(codes) else 0
 
 

@@ -1,0 +1,153 @@
+// nanobind module `jax_triton_dist._cuda_driver`: the CUDA driver calls the Python
+// runtime makes to prepare a launch plan (module loading, module globals, device memory),
+// and the direct launches of jax_triton_dist.one_gpu and the benchmarks. Thin wrappers:
+// each call checks its CUresult and raises RuntimeError with the driver's message.
+//
+// libcuda is loaded at run time (dlopen), so the module imports on machines without a
+// GPU; `available()` says whether a driver and a GPU were found.
+#include <cuda.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_driver.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using jtd::cuda_driver::Check;
+using jtd::cuda_driver::DeviceScope;
+using jtd::cuda_driver::kTritonScratchParams;
+
+const jtd::cuda_driver::Table& D() { return jtd::cuda_driver::Driver(); }
+
+}  // namespace
+
+NB_MODULE(_cuda_driver, m) {
+  m.doc() = "CUDA driver calls of jax_triton_dist (private; use runtime/cuda_driver.py)";
+
+  m.def("available", &jtd::cuda_driver::Available);
+  m.def("unavailable_reason", &jtd::cuda_driver::UnavailableReason);
+  m.def("device_count", [] {
+    int n = 0;
+    Check(D().cuDeviceGetCount(&n), "cuDeviceGetCount");
+    return n;
+  });
+  m.def(
+      "load_function",
+      [](int device, nb::bytes cubin, const std::string& name, int shared) {
+        DeviceScope scope(device);
+        CUmodule module;
+        Check(D().cuModuleLoadData(&module, cubin.c_str()), "cuModuleLoadData");
+        CUfunction function;
+        Check(D().cuModuleGetFunction(&function, module, name.c_str()), "cuModuleGetFunction");
+        if (shared > 48 * 1024) {
+          Check(D().cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                       shared),
+                "cuFuncSetAttribute");
+        }
+        return std::make_pair(reinterpret_cast<uintptr_t>(module),
+                              reinterpret_cast<uintptr_t>(function));
+      },
+      "device"_a, "cubin"_a, "name"_a, "shared"_a);
+  m.def(
+      "module_global",
+      [](int device, uintptr_t module, const std::string& name) {
+        DeviceScope scope(device);
+        CUdeviceptr addr;
+        size_t size;
+        Check(D().cuModuleGetGlobal(&addr, &size, reinterpret_cast<CUmodule>(module),
+                                    name.c_str()),
+              "cuModuleGetGlobal");
+        return std::make_pair(static_cast<uint64_t>(addr), size);
+      },
+      "device"_a, "module"_a, "name"_a);
+  m.def(
+      "alloc",
+      [](int device, size_t nbytes) {
+        DeviceScope scope(device);
+        CUdeviceptr addr;
+        Check(D().cuMemAlloc(&addr, nbytes), "cuMemAlloc");
+        Check(D().cuMemsetD8(addr, 0, nbytes), "cuMemsetD8");
+        return static_cast<uint64_t>(addr);
+      },
+      "device"_a, "nbytes"_a);
+  m.def(
+      "free",
+      [](int device, uint64_t addr) {
+        DeviceScope scope(device);
+        Check(D().cuMemFree(addr), "cuMemFree");
+      },
+      "device"_a, "addr"_a);
+  m.def(
+      "write",
+      [](int device, uint64_t addr, nb::bytes data) {
+        DeviceScope scope(device);
+        Check(D().cuMemcpyHtoD(addr, data.c_str(), data.size()), "cuMemcpyHtoD");
+      },
+      "device"_a, "addr"_a, "data"_a);
+  m.def(
+      "read",
+      [](int device, uint64_t addr, size_t nbytes) {
+        DeviceScope scope(device);
+        std::string out(nbytes, '\0');
+        Check(D().cuMemcpyDtoH(out.data(), addr, nbytes), "cuMemcpyDtoH");
+        return nb::bytes(out.data(), out.size());
+      },
+      "device"_a, "addr"_a, "nbytes"_a);
+  m.def(
+      "stream_create",
+      [](int device) {
+        DeviceScope scope(device);
+        CUstream stream;
+        Check(D().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        return reinterpret_cast<uintptr_t>(stream);
+      },
+      "device"_a);
+  m.def(
+      "stream_synchronize",
+      [](int device, uintptr_t stream) {
+        DeviceScope scope(device);
+        nb::gil_scoped_release release;
+        Check(D().cuStreamSynchronize(reinterpret_cast<CUstream>(stream)),
+              "cuStreamSynchronize");
+      },
+      "device"_a, "stream"_a);
+  m.def(
+      "device_synchronize",
+      [](int device) {
+        DeviceScope scope(device);
+        nb::gil_scoped_release release;
+        Check(D().cuCtxSynchronize(), "cuCtxSynchronize");
+      },
+      "device"_a);
+  m.def(
+      "launch",
+      [](int device, uintptr_t function, std::vector<unsigned> grid, unsigned block,
+         unsigned shared, std::vector<uint64_t> values, uintptr_t stream, int repeat) {
+        DeviceScope scope(device);
+        // Each kernel parameter is passed from 8 bytes of storage (little-endian), then
+        // Triton's scratch pointers.
+        std::vector<uint64_t> storage(values);
+        storage.resize(values.size() + kTritonScratchParams, 0);
+        std::vector<void*> pointers;
+        for (auto& v : storage) pointers.push_back(&v);
+        unsigned g[3] = {1, 1, 1};
+        for (size_t i = 0; i < grid.size() && i < 3; ++i) g[i] = grid[i];
+        for (int i = 0; i < repeat; ++i) {  // back to back (launch-overhead benchmark)
+          Check(D().cuLaunchKernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2],
+                                   block, 1, 1, shared, reinterpret_cast<CUstream>(stream),
+                                   pointers.data(), nullptr),
+                "cuLaunchKernel");
+        }
+      },
+      "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "values"_a, "stream"_a,
+      "repeat"_a = 1);
+}
