@@ -12,8 +12,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 Clock::time_point Deadline(double timeout_s) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
 }
 
 size_t AlignUp(size_t value, size_t alignment) {
@@ -103,8 +103,7 @@ std::vector<int64_t> Backend::rendezvous(int64_t key, int members, int index, in
                                          double timeout_s) {
   if (members <= 0 || index < 0 || index >= members) {
     throw std::invalid_argument("rendezvous: index " + std::to_string(index) +
-                                " out of range for " +
-                                std::to_string(members) + " members");
+                                " out of range for " + std::to_string(members) + " members");
   }
   std::unique_lock<std::mutex> lock(rv_mu_);
   Rendezvous& rv = rendezvous_[key];
@@ -130,8 +129,8 @@ std::vector<int64_t> Backend::rendezvous(int64_t key, int members, int index, in
   }
   auto deadline = Deadline(timeout_s);
   while (!round.complete && !round.failed) {
-    if (rv_cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        !round.complete && !round.failed) {
+    if (rv_cv_.wait_until(lock, deadline) == std::cv_status::timeout && !round.complete &&
+        !round.failed) {
       std::string missing;
       for (int i = 0; i < members; ++i) {
         if (!round.present[i]) {
@@ -140,8 +139,8 @@ std::vector<int64_t> Backend::rendezvous(int64_t key, int members, int index, in
       }
       char buf[160];
       std::snprintf(buf, sizeof(buf),
-                    "timed out after %.1f s: %d of %d members arrived, missing: ",
-                    timeout_s, round.arrived, members);
+                    "timed out after %.1f s: %d of %d members arrived, missing: ", timeout_s,
+                    round.arrived, members);
       round.failed = true;
       round.error = std::string(buf) + missing;
       rv_cv_.notify_all();
@@ -181,21 +180,33 @@ bool Compare(int64_t seen, Cmp cmp, int64_t value, bool is_signed) {
   if (!is_signed) {
     uint64_t s = static_cast<uint64_t>(seen), v = static_cast<uint64_t>(value);
     switch (cmp) {
-      case Cmp::kEq: return s == v;
-      case Cmp::kNe: return s != v;
-      case Cmp::kGt: return s > v;
-      case Cmp::kGe: return s >= v;
-      case Cmp::kLt: return s < v;
-      case Cmp::kLe: return s <= v;
+      case Cmp::kEq:
+        return s == v;
+      case Cmp::kNe:
+        return s != v;
+      case Cmp::kGt:
+        return s > v;
+      case Cmp::kGe:
+        return s >= v;
+      case Cmp::kLt:
+        return s < v;
+      case Cmp::kLe:
+        return s <= v;
     }
   }
   switch (cmp) {
-    case Cmp::kEq: return seen == value;
-    case Cmp::kNe: return seen != value;
-    case Cmp::kGt: return seen > value;
-    case Cmp::kGe: return seen >= value;
-    case Cmp::kLt: return seen < value;
-    case Cmp::kLe: return seen <= value;
+    case Cmp::kEq:
+      return seen == value;
+    case Cmp::kNe:
+      return seen != value;
+    case Cmp::kGt:
+      return seen > value;
+    case Cmp::kGe:
+      return seen >= value;
+    case Cmp::kLt:
+      return seen < value;
+    case Cmp::kLe:
+      return seen <= value;
   }
   return false;
 }
@@ -207,9 +218,9 @@ const char* CmpName(Cmp cmp) {
 
 }  // namespace
 
-void WaitUntil(const std::function<uint64_t(uintptr_t)>& load,
-               const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed, Cmp cmp,
-               int64_t value, double timeout_s, const std::string& who) {
+void WaitUntil(const std::function<uint64_t(uintptr_t)>& load, const std::vector<uintptr_t>& addrs,
+               int itemsize, bool is_signed, Cmp cmp, int64_t value, double timeout_s,
+               const std::string& who) {
   CheckItemsize(itemsize);
   const auto deadline = Deadline(timeout_s);
   for (size_t i = 0; i < addrs.size(); ++i) {
@@ -222,10 +233,8 @@ void WaitUntil(const std::function<uint64_t(uintptr_t)>& load,
         char buf[512];
         std::snprintf(buf, sizeof(buf),
                       "%s: wait timed out after %.1f s on flag %zu of %zu "
-                      "(address 0x%" PRIxPTR "): expected value %s %" PRId64
-                      ", saw %" PRId64,
-                      who.c_str(), timeout_s, i, addrs.size(), addrs[i],
-                      CmpName(cmp), value, seen);
+                      "(address 0x%" PRIxPTR "): expected value %s %" PRId64 ", saw %" PRId64,
+                      who.c_str(), timeout_s, i, addrs.size(), addrs[i], CmpName(cmp), value, seen);
         throw ShmemTimeout(buf);
       }
       // Back off: other PEs may be threads of this process and need the cores.
@@ -238,11 +247,10 @@ void WaitUntil(const std::function<uint64_t(uintptr_t)>& load,
   }
 }
 
-void Backend::wait(int pe, const std::vector<uintptr_t>& addrs, int itemsize,
-                   bool is_signed, Cmp cmp, int64_t value, double timeout_s,
-                   const std::string& who) {
-  WaitUntil([&](uintptr_t addr) { return load(pe, addr, itemsize); }, addrs, itemsize,
-            is_signed, cmp, value, timeout_s, who);
+void Backend::wait(int pe, const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed,
+                   Cmp cmp, int64_t value, double timeout_s, const std::string& who) {
+  WaitUntil([&](uintptr_t addr) { return load(pe, addr, itemsize); }, addrs, itemsize, is_signed,
+            cmp, value, timeout_s, who);
 }
 
 }  // namespace jtd::shmem

@@ -45,9 +45,9 @@ void CheckItemsize(int itemsize);
 // Spins (with back-off) until each of `addrs` compares true against `value`, reading a
 // flag with `load(addr)` (`itemsize` bytes, signed or not). On timeout throws
 // ShmemTimeout naming `who`, the flag index and address, the expected and the seen value.
-void WaitUntil(const std::function<uint64_t(uintptr_t)>& load,
-               const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed, Cmp cmp,
-               int64_t value, double timeout_s, const std::string& who);
+void WaitUntil(const std::function<uint64_t(uintptr_t)>& load, const std::vector<uintptr_t>& addrs,
+               int itemsize, bool is_signed, Cmp cmp, int64_t value, double timeout_s,
+               const std::string& who);
 
 class Backend {
  public:
@@ -85,15 +85,14 @@ class Backend {
   virtual void memset(int pe, uintptr_t addr, int byte, size_t nbytes) = 0;
   // Atomically sets or adds `value` to the `itemsize`-byte word at `addr`, ordered after
   // this PE's earlier copies (release); returns once it is visible.
-  virtual void signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op,
-                         int itemsize) = 0;
+  virtual void signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op, int itemsize) = 0;
   // Acquire load of the `itemsize`-byte word at `addr`.
   virtual uint64_t load(int pe, uintptr_t addr, int itemsize) = 0;
   // Completes this PE's outstanding non-blocking operations.
   virtual void quiet(int pe) = 0;
 
-  void wait(int pe, const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed,
-            Cmp cmp, int64_t value, double timeout_s, const std::string& who);
+  void wait(int pe, const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed, Cmp cmp,
+            int64_t value, double timeout_s, const std::string& who);
 
  protected:
   // Called with the end offset of every new allocation, before it is handed out (a

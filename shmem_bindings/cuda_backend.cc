@@ -34,8 +34,8 @@ size_t Granularity(const std::vector<int>& devices) {
     CUdevice dev;
     Check(D().cuDeviceGet(&dev, device), "cuDeviceGet");
     int vmm = 0;
-    Check(D().cuDeviceGetAttribute(
-              &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+    Check(D().cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                   dev),
           "cuDeviceGetAttribute");
     if (!vmm) {
       throw ShmemError("shmem.init: GPU " + std::to_string(device) +
@@ -63,8 +63,10 @@ CudaBackend::CudaBackend(const std::vector<int>& devices, size_t heap_size)
   std::set<int> distinct(devices.begin(), devices.end());
   for (int device : distinct) {
     if (device < 0 || device >= count) {
-      throw ShmemError("shmem.init: GPU " + std::to_string(device) + " does not exist (this "
-                       "process sees " + std::to_string(count) + " GPUs)");
+      throw ShmemError("shmem.init: GPU " + std::to_string(device) +
+                       " does not exist (this "
+                       "process sees " +
+                       std::to_string(count) + " GPUs)");
     }
     for (int peer : distinct) {
       if (peer == device) continue;
@@ -75,7 +77,8 @@ CudaBackend::CudaBackend(const std::vector<int>& devices, size_t heap_size)
       Check(D().cuDeviceCanAccessPeer(&can, a, b), "cuDeviceCanAccessPeer");
       if (!can) {
         throw ShmemError("shmem.init: GPU " + std::to_string(device) + " cannot access GPU " +
-                         std::to_string(peer) + " (no peer access): the cuda backend needs "
+                         std::to_string(peer) +
+                         " (no peer access): the cuda backend needs "
                          "every pair of its GPUs connected (NVLink or PCIe P2P)");
       }
     }
@@ -143,8 +146,9 @@ void CudaBackend::reserve(size_t end) {
   auto fail = [&](const char* what, CUresult r) {
     for (size_t pe = 0; pe < done; ++pe) D().cuMemUnmap(bases_[pe] + mapped_, size);
     throw ShmemError(std::string("symmetric heap: cannot map ") + std::to_string(size) +
-                     " more bytes on GPU " + std::to_string(devices_[done]) + " (" + what +
-                     ": " + ErrorText(r) + "); GPU memory is short: lower "
+                     " more bytes on GPU " + std::to_string(devices_[done]) + " (" + what + ": " +
+                     ErrorText(r) +
+                     "); GPU memory is short: lower "
                      "XLA_PYTHON_CLIENT_MEM_FRACTION or set XLA_PYTHON_CLIENT_PREALLOCATE=false");
   };
   for (; done < bases_.size(); ++done) {
@@ -173,8 +177,7 @@ void CudaBackend::memset(int pe, uintptr_t addr, int byte, size_t nbytes) {
   cuda_ops::Memset(devices_.at(pe), streams_.at(pe), addr, byte, nbytes);
 }
 
-void CudaBackend::signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op,
-                            int itemsize) {
+void CudaBackend::signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op, int itemsize) {
   cuda_ops::Signal(devices_.at(pe), streams_.at(pe), addr, value, op, itemsize);
 }
 

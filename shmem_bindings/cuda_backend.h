@@ -39,7 +39,7 @@ class CudaBackend final : public Backend {
 
   std::vector<int> devices_;
   size_t granularity_;
-  size_t mapped_ = 0;  // bytes of physical memory mapped per heap
+  size_t mapped_ = 0;                              // bytes of physical memory mapped per heap
   std::vector<std::pair<size_t, size_t>> chunks_;  // (offset, size), mapped in every heap
   std::vector<CUstream> streams_;                  // per PE
 };

@@ -50,8 +50,8 @@ struct Table {
   CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuStreamSynchronize)(CUstream);
   CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**);
   // Virtual memory management (symmetric heaps).
   CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
   CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
@@ -117,14 +117,12 @@ inline const Table* Load() {
         Resolve(lib, t->cuStreamCreate, "cuStreamCreate") &&
         Resolve(lib, t->cuStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy") &&
         Resolve(lib, t->cuStreamSynchronize, "cuStreamSynchronize") &&
-        Resolve(lib, t->cuStreamWriteValue32, "cuStreamWriteValue32_v2",
-                "cuStreamWriteValue32") &&
+        Resolve(lib, t->cuStreamWriteValue32, "cuStreamWriteValue32_v2", "cuStreamWriteValue32") &&
         Resolve(lib, t->cuLaunchKernel, "cuLaunchKernel") &&
         Resolve(lib, t->cuMemAddressReserve, "cuMemAddressReserve") &&
         Resolve(lib, t->cuMemAddressFree, "cuMemAddressFree") &&
         Resolve(lib, t->cuMemCreate, "cuMemCreate") &&
-        Resolve(lib, t->cuMemRelease, "cuMemRelease") &&
-        Resolve(lib, t->cuMemMap, "cuMemMap") &&
+        Resolve(lib, t->cuMemRelease, "cuMemRelease") && Resolve(lib, t->cuMemMap, "cuMemMap") &&
         Resolve(lib, t->cuMemUnmap, "cuMemUnmap") &&
         Resolve(lib, t->cuMemSetAccess, "cuMemSetAccess") &&
         Resolve(lib, t->cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");

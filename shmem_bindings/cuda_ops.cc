@@ -66,8 +66,7 @@ CUfunction SignalFunction(int device) {
 
 }  // namespace
 
-void Copy(int device, CUstream stream, uintptr_t dst, uintptr_t src, size_t nbytes,
-          bool blocking) {
+void Copy(int device, CUstream stream, uintptr_t dst, uintptr_t src, size_t nbytes, bool blocking) {
   if (nbytes == 0) return;
   DeviceScope scope(device);
   Check(D().cuMemcpyAsync(dst, src, nbytes, stream), "cuMemcpyAsync");

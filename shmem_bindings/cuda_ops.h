@@ -16,12 +16,10 @@
 namespace jtd::shmem::cuda_ops {
 
 // Copies `nbytes`; returns once complete if `blocking`, else once queued.
-void Copy(int device, CUstream stream, uintptr_t dst, uintptr_t src, size_t nbytes,
-          bool blocking);
+void Copy(int device, CUstream stream, uintptr_t dst, uintptr_t src, size_t nbytes, bool blocking);
 void Memset(int device, CUstream stream, uintptr_t addr, int byte, size_t nbytes);
 // Returns once the signal is visible.
-void Signal(int device, CUstream stream, uintptr_t addr, uint64_t value, SignalOp op,
-            int itemsize);
+void Signal(int device, CUstream stream, uintptr_t addr, uint64_t value, SignalOp op, int itemsize);
 uint64_t Load(int device, CUstream stream, uintptr_t addr, int itemsize);
 void Quiet(int device, CUstream stream);
 

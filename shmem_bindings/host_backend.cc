@@ -77,8 +77,8 @@ uint64_t signal_fetch(uintptr_t addr, int itemsize) {
 
 void wait_flags(const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed, Cmp cmp,
                 int64_t value, double timeout_s, const std::string& who) {
-  WaitUntil([itemsize](uintptr_t addr) { return signal_fetch(addr, itemsize); }, addrs,
-            itemsize, is_signed, cmp, value, timeout_s, who);
+  WaitUntil([itemsize](uintptr_t addr) { return signal_fetch(addr, itemsize); }, addrs, itemsize,
+            is_signed, cmp, value, timeout_s, who);
 }
 
 void fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }

@@ -31,9 +31,8 @@ Backend& Get() {
 
 // `my_pe`, `unique_id` and `library` are for the nvshmem backend (one PE per process,
 // on GPU devices[0]).
-void Init(const std::string& backend, int n_pes, size_t heap_size,
-          const std::vector<int>& devices, int my_pe, const nb::bytes& unique_id,
-          const std::string& library) {
+void Init(const std::string& backend, int n_pes, size_t heap_size, const std::vector<int>& devices,
+          int my_pe, const nb::bytes& unique_id, const std::string& library) {
   if (g_backend) throw ShmemError("SHMEM is already initialised");
   if (backend == "host") {
     g_backend = std::make_unique<HostBackend>(n_pes, heap_size);
@@ -49,25 +48,27 @@ void Init(const std::string& backend, int n_pes, size_t heap_size,
     g_backend = std::make_unique<CudaBackend>(devices, heap_size);
     return;
 #else
-    throw ShmemError("this build of jax_triton_dist has no cuda SHMEM backend (it was built "
-                     "without the CUDA headers)");
+    throw ShmemError(
+        "this build of jax_triton_dist has no cuda SHMEM backend (it was built "
+        "without the CUDA headers)");
 #endif
   }
   if (backend == "nvshmem") {
 #ifdef JTD_WITH_NVSHMEM
     if (devices.size() != 1) {
-      throw std::invalid_argument("shmem.init: the nvshmem backend runs one PE per process, "
-                                  "on one GPU (got " + std::to_string(devices.size()) +
-                                  " devices)");
+      throw std::invalid_argument(
+          "shmem.init: the nvshmem backend runs one PE per process, "
+          "on one GPU (got " +
+          std::to_string(devices.size()) + " devices)");
     }
     std::string id(unique_id.c_str(), unique_id.size());
-    g_backend = std::make_unique<NvshmemBackend>(library, id, my_pe, n_pes, devices[0],
-                                                 heap_size);
+    g_backend = std::make_unique<NvshmemBackend>(library, id, my_pe, n_pes, devices[0], heap_size);
     return;
 #else
-    throw ShmemError("this build of jax_triton_dist has no nvshmem SHMEM backend (it was "
-                     "built without NVSHMEM's headers: build with nvidia-nvshmem-cu13 "
-                     "installed and --no-build-isolation)");
+    throw ShmemError(
+        "this build of jax_triton_dist has no nvshmem SHMEM backend (it was "
+        "built without NVSHMEM's headers: build with nvidia-nvshmem-cu13 "
+        "installed and --no-build-isolation)");
 #endif
   }
   throw std::invalid_argument("unknown SHMEM backend '" + backend + "'");
@@ -119,22 +120,29 @@ NB_MODULE(_shmem, m) {
   m.def("has_cuda", &HasCuda);
   m.def("has_nvshmem", &HasNvshmem);
 #ifdef JTD_WITH_NVSHMEM
-  m.def("nvshmem_unique_id", [](const std::string& library) {
-    std::string id = NvshmemUniqueId(library);
-    return nb::bytes(id.data(), id.size());
-  }, "library"_a);
+  m.def(
+      "nvshmem_unique_id",
+      [](const std::string& library) {
+        std::string id = NvshmemUniqueId(library);
+        return nb::bytes(id.data(), id.size());
+      },
+      "library"_a);
   m.def("nvshmem_version", &NvshmemVersion, "library"_a);
 #endif
-  m.def("nvshmem_cumodule_init", [](uintptr_t module) {
+  m.def(
+      "nvshmem_cumodule_init",
+      [](uintptr_t module) {
 #ifdef JTD_WITH_NVSHMEM
-    if (auto* nv = dynamic_cast<NvshmemBackend*>(&Get())) {
-      nv->InitModule(module);
-      return;
-    }
+        if (auto* nv = dynamic_cast<NvshmemBackend*>(&Get())) {
+          nv->InitModule(module);
+          return;
+        }
 #endif
-    throw ShmemError("a kernel module holds NVSHMEM device code, but SHMEM does not run the "
-                     "nvshmem backend");
-  }, "module"_a);
+        throw ShmemError(
+            "a kernel module holds NVSHMEM device code, but SHMEM does not run the "
+            "nvshmem backend");
+      },
+      "module"_a);
   // This process's PE where the backend has one (nvshmem), else -1.
   m.def("process_pe", [] {
 #ifdef JTD_WITH_NVSHMEM
@@ -154,8 +162,9 @@ NB_MODULE(_shmem, m) {
   m.def("device_of", [](int pe) { return Get().device_of(pe); }, "pe"_a);
 
   // Allocator (offsets shared by all heaps).
-  m.def("alloc", [](size_t size, size_t alignment) { return Get().alloc(size, alignment); },
-        "size"_a, "alignment"_a);
+  m.def(
+      "alloc", [](size_t size, size_t alignment) { return Get().alloc(size, alignment); }, "size"_a,
+      "alignment"_a);
   m.def("release", [](size_t offset) { return Get().release(offset); }, "offset"_a);
   m.def("allocated_bytes", [] { return Get().allocated_bytes(); });
   m.def("largest_free_block", [] { return Get().largest_free_block(); });
@@ -213,15 +222,13 @@ NB_MODULE(_shmem, m) {
       "pe"_a);
   m.def(
       "wait",
-      [](int pe, std::vector<uintptr_t> addrs, int itemsize, bool is_signed, int cmp,
-         int64_t value, double timeout_s, std::string who) {
+      [](int pe, std::vector<uintptr_t> addrs, int itemsize, bool is_signed, int cmp, int64_t value,
+         double timeout_s, std::string who) {
         Backend& backend = Get();
         nb::gil_scoped_release release;
-        backend.wait(pe, addrs, itemsize, is_signed, static_cast<Cmp>(cmp), value, timeout_s,
-                     who);
+        backend.wait(pe, addrs, itemsize, is_signed, static_cast<Cmp>(cmp), value, timeout_s, who);
       },
-      "pe"_a, "addrs"_a, "itemsize"_a, "is_signed"_a, "cmp"_a, "value"_a, "timeout_s"_a,
-      "who"_a);
+      "pe"_a, "addrs"_a, "itemsize"_a, "is_signed"_a, "cmp"_a, "value"_a, "timeout_s"_a, "who"_a);
 
   // Atomics on host memory (the Triton interpreter's `dl` primitives).
   m.def(

@@ -22,7 +22,7 @@ using cuda_driver::Check;
 using cuda_driver::DeviceScope;
 
 constexpr unsigned kInitWithUniqueId = 1u << 3;  // NVSHMEMX_INIT_WITH_UNIQUEID
-constexpr int kStatusNotInitialized = 0;        // NVSHMEM_STATUS_NOT_INITIALIZED
+constexpr int kStatusNotInitialized = 0;         // NVSHMEM_STATUS_NOT_INITIALIZED
 
 struct Nvshmem {
   std::string path;
@@ -108,8 +108,8 @@ std::string NvshmemVersion(const std::string& library) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
-NvshmemBackend::NvshmemBackend(const std::string& library, const std::string& unique_id,
-                               int my_pe, int n_pes, int device, size_t heap_size)
+NvshmemBackend::NvshmemBackend(const std::string& library, const std::string& unique_id, int my_pe,
+                               int n_pes, int device, size_t heap_size)
     : Backend(n_pes, heap_size), my_pe_(my_pe), device_(device) {
   const Nvshmem& nv = Library(library);
   library_ = &nv;
@@ -123,8 +123,9 @@ NvshmemBackend::NvshmemBackend(const std::string& library, const std::string& un
                                 " is out of range for " + std::to_string(n_pes) + " PEs");
   }
   if (nv.init_status() != kStatusNotInitialized) {
-    throw ShmemError("shmem.init('nvshmem'): NVSHMEM is already running in this process "
-                     "(it allows one instance)");
+    throw ShmemError(
+        "shmem.init('nvshmem'): NVSHMEM is already running in this process "
+        "(it allows one instance)");
   }
   DeviceScope scope(device);  // NVSHMEM binds to the current context's GPU
   nvshmemx_uniqueid_t id;
@@ -147,13 +148,13 @@ NvshmemBackend::NvshmemBackend(const std::string& library, const std::string& un
     if (nv.my_pe() != my_pe || nv.n_pes() != n_pes) {
       throw ShmemError("shmem.init('nvshmem'): NVSHMEM started as PE " +
                        std::to_string(nv.my_pe()) + " of " + std::to_string(nv.n_pes()) +
-                       ", expected PE " + std::to_string(my_pe) + " of " +
-                       std::to_string(n_pes));
+                       ", expected PE " + std::to_string(my_pe) + " of " + std::to_string(n_pes));
     }
     heap_ = nv.malloc(this->heap_size());
     if (heap_ == nullptr) {
       throw ShmemError("shmem.init('nvshmem'): nvshmem_malloc of a " +
-                       std::to_string(this->heap_size()) + "-byte heap failed (raise "
+                       std::to_string(this->heap_size()) +
+                       "-byte heap failed (raise "
                        "NVSHMEM_SYMMETRIC_SIZE above the heap, or lower heap_size)");
     }
     bases_.assign(n_pes, 0);
@@ -161,8 +162,7 @@ NvshmemBackend::NvshmemBackend(const std::string& library, const std::string& un
       bases_[pe] = reinterpret_cast<uintptr_t>(nv.ptr(heap_, pe));  // null: not reachable
     }
     bases_[my_pe] = reinterpret_cast<uintptr_t>(heap_);
-    Check(cuda_driver::Driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING),
-          "cuStreamCreate");
+    Check(cuda_driver::Driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   } catch (...) {
     Shutdown();
     throw;
@@ -217,8 +217,7 @@ void NvshmemBackend::memset(int pe, uintptr_t addr, int byte, size_t nbytes) {
   cuda_ops::Memset(device_, stream_, addr, byte, nbytes);
 }
 
-void NvshmemBackend::signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op,
-                               int itemsize) {
+void NvshmemBackend::signal_op(int pe, uintptr_t addr, uint64_t value, SignalOp op, int itemsize) {
   CheckLocal(pe, "signal");
   cuda_ops::Signal(device_, stream_, addr, value, op, itemsize);
 }

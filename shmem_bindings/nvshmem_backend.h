@@ -30,8 +30,8 @@ class NvshmemBackend final : public Backend {
  public:
   // Starts NVSHMEM as PE `my_pe` of `n_pes` on GPU `device` with `unique_id` (from PE 0's
   // NvshmemUniqueId) and allocates a `heap_size`-byte symmetric heap.
-  NvshmemBackend(const std::string& library, const std::string& unique_id, int my_pe,
-                 int n_pes, int device, size_t heap_size);
+  NvshmemBackend(const std::string& library, const std::string& unique_id, int my_pe, int n_pes,
+                 int device, size_t heap_size);
   ~NvshmemBackend() override;
 
   const char* name() const override { return "nvshmem"; }

@@ -24,8 +24,8 @@ namespace {
 // shutdown, when XLA may still destroy executables.
 nb::object* g_dispatcher = nullptr;
 
-ffi::Error CpuDispatchImpl(int32_t device_ordinal, ffi::RemainingArgs args,
-                           ffi::RemainingRets rets, int64_t call_id) {
+ffi::Error CpuDispatchImpl(int32_t device_ordinal, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                           int64_t call_id) {
   nb::gil_scoped_acquire gil;
   if (g_dispatcher == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
@@ -58,9 +58,9 @@ ffi::Error CpuDispatchImpl(int32_t device_ordinal, ffi::RemainingArgs args,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCpuDispatch, CpuDispatchImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::DeviceOrdinal>()  // device_ordinal
-                                  .RemainingArgs()            // kernel inputs
-                                  .RemainingRets()            // kernel outputs
+                                  .Ctx<ffi::DeviceOrdinal>()   // device_ordinal
+                                  .RemainingArgs()             // kernel inputs
+                                  .RemainingRets()             // kernel outputs
                                   .Attr<int64_t>("call_id"));  // call site
 
 }  // namespace jtd::xla_ffi

@@ -63,8 +63,7 @@ NB_MODULE(_cuda_driver, m) {
         DeviceScope scope(device);
         CUdeviceptr addr;
         size_t size;
-        Check(D().cuModuleGetGlobal(&addr, &size, reinterpret_cast<CUmodule>(module),
-                                    name.c_str()),
+        Check(D().cuModuleGetGlobal(&addr, &size, reinterpret_cast<CUmodule>(module), name.c_str()),
               "cuModuleGetGlobal");
         return std::make_pair(static_cast<uint64_t>(addr), size);
       },
@@ -116,8 +115,7 @@ NB_MODULE(_cuda_driver, m) {
       [](int device, uintptr_t stream) {
         DeviceScope scope(device);
         nb::gil_scoped_release release;
-        Check(D().cuStreamSynchronize(reinterpret_cast<CUstream>(stream)),
-              "cuStreamSynchronize");
+        Check(D().cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "cuStreamSynchronize");
       },
       "device"_a, "stream"_a);
   m.def(
@@ -142,8 +140,8 @@ NB_MODULE(_cuda_driver, m) {
         unsigned g[3] = {1, 1, 1};
         for (size_t i = 0; i < grid.size() && i < 3; ++i) g[i] = grid[i];
         for (int i = 0; i < repeat; ++i) {  // back to back (launch-overhead benchmark)
-          Check(D().cuLaunchKernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2],
-                                   block, 1, 1, shared, reinterpret_cast<CUstream>(stream),
+          Check(D().cuLaunchKernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2], block,
+                                   1, 1, shared, reinterpret_cast<CUstream>(stream),
                                    pointers.data(), nullptr),
                 "cuLaunchKernel");
         }

@@ -51,9 +51,7 @@ const cuda_driver::Table& D() { return cuda_driver::Driver(); }
 enum class ParamKind : int { kOperand = 0, kResult = 1, kValue = 2, kStaged = 3 };
 
 // device_abi.staging_slot: slot 0 for even epochs, slot 1 for odd ones.
-uint64_t StagingSlot(uint32_t epoch, uint64_t even, uint64_t odd) {
-  return epoch % 2 ? odd : even;
-}
+uint64_t StagingSlot(uint32_t epoch, uint64_t even, uint64_t odd) { return epoch % 2 ? odd : even; }
 
 struct Param {
   ParamKind kind;
@@ -102,8 +100,8 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
       Check(D().cuStreamSynchronize(stream), "cuStreamSynchronize");
       nb::gil_scoped_acquire gil;
       if (g_planner == nullptr) return Fail("no CUDA planner is registered");
-      nb::object failure = (*g_planner)(
-          call_id, device, reinterpret_cast<uintptr_t>(coords->untyped_data()));
+      nb::object failure =
+          (*g_planner)(call_id, device, reinterpret_cast<uintptr_t>(coords->untyped_data()));
       if (!failure.is_none()) return Fail(nb::cast<std::string>(failure));
     } catch (const std::exception& e) {
       return Fail(e.what());
@@ -141,8 +139,8 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
 
   CUresult r = D().cuStreamWriteValue32(stream, plan->epoch_addr, epoch, 0);
   if (r != CUDA_SUCCESS) return Fail("cuStreamWriteValue32: " + ErrorText(r));
-  r = D().cuLaunchKernel(plan->function, plan->grid[0], plan->grid[1], plan->grid[2],
-                         plan->block, 1, 1, plan->shared, stream, pointers.data(), nullptr);
+  r = D().cuLaunchKernel(plan->function, plan->grid[0], plan->grid[1], plan->grid[2], plan->block,
+                         1, 1, plan->shared, stream, pointers.data(), nullptr);
   if (r != CUDA_SUCCESS) return Fail("cuLaunchKernel: " + ErrorText(r));
   plan->epoch = epoch;
   return ffi::Error::Success();
@@ -169,10 +167,13 @@ NB_MODULE(_cuda, m) {
     targets["jtd_triton"] = nb::capsule(reinterpret_cast<void*>(kCudaLaunch));
     return targets;
   });
-  m.def("set_planner", [](nb::object planner) {
-    if (g_planner == nullptr) g_planner = new nb::object();
-    *g_planner = std::move(planner);
-  });
+  m.def(
+      "set_planner",
+      [](nb::object planner) {
+        if (g_planner == nullptr) g_planner = new nb::object();
+        *g_planner = std::move(planner);
+      },
+      "planner"_a, "Sets the Python planner of first calls (runtime/cuda_dispatch.plan).");
   m.def(
       "set_plan",
       [](int64_t call_id, int device, uintptr_t function, std::vector<unsigned> grid,
