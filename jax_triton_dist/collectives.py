@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 
-from jax_triton_dist import dtypes
+from jax_triton_dist import dtypes, tiles
 from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.triton_call import Workspace, axis_size, triton_call
@@ -35,7 +35,6 @@ REDUCE_OPS = ("sum", "max", "min")
 ALL_REDUCE_METHODS = ("auto", "one_shot", "two_shot", "xla")
 ONE_SHOT_MAX_BYTES = 256 * 1024
 """``all_reduce(method="auto")`` uses one-shot up to this many bytes per rank, else two-shot."""
-MAX_BLOCK = 4096
 
 
 # ---------------------------------------------------------------------------
@@ -71,11 +70,6 @@ def _divisible(size: int, world: int, what: str, fn: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _launch_shape(n: int) -> tuple[int, int]:
-    block = min(triton.next_power_of_2(max(n, 1)), MAX_BLOCK)
-    return block, triton.cdiv(max(n, 1), block)
-
-
 def _push_exchange(x: jax.Array, axis_name: str, world: int, *, send_chunks: bool,
                    reduce: str) -> jax.Array:
     """``x``: [world, n] (row p for rank p) if ``send_chunks`` else [n].
@@ -83,7 +77,7 @@ def _push_exchange(x: jax.Array, axis_name: str, world: int, *, send_chunks: boo
     Returns [world, n] (by source) if ``reduce == "none"``, else [n].
     """
     n = x.shape[-1]
-    block, programs = _launch_shape(n)
+    block, programs = tiles.exchange_block(n)
     out_shape = (world, n) if reduce == "none" else (n,)
     return triton_call(
         push_exchange_kernel, x, n=n,
@@ -97,7 +91,7 @@ def _push_exchange(x: jax.Array, axis_name: str, world: int, *, send_chunks: boo
 def _two_shot(x: jax.Array, axis_name: str, world: int, reduce: str) -> jax.Array:
     n = x.shape[0]
     chunk = triton.cdiv(n, world)
-    block, programs = _launch_shape(chunk)
+    block, programs = tiles.exchange_block(chunk)
     return triton_call(
         two_shot_all_reduce_kernel, x, n=n, chunk=chunk,
         out_shape=jax.ShapeDtypeStruct((n,), x.dtype),

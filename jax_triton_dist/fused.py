@@ -20,6 +20,7 @@ from jax_triton_dist.kernels.gemm_collectives import (
     all_gather_matmul_kernel,
     matmul_reduce_scatter_kernel,
 )
+from jax_triton_dist.tiles import gemm_tiles
 from jax_triton_dist.triton_call import Workspace, axis_size, triton_call
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "GEMM_DTYPES"]
@@ -40,27 +41,6 @@ def _check_gemm(x: Any, w: Any, fn: str) -> tuple[jax.Array, jax.Array]:
     return x, w
 
 
-def _block(size: int, cap: int) -> int:
-    return max(16, min(cap, triton.next_power_of_2(size)))
-
-
-# Programs that fill a GPU: one per SM of an H100/H200 (132).
-_FILL_PROGRAMS = 132
-
-
-def _tiles(m: int, n: int, k: int, copies: int = 1) -> dict[str, int]:
-    """Tile shape and warps for ``copies`` ``[m, k] @ [k, n]`` products in one grid.
-
-    128x128x64 tiles with 8 warps when they give enough programs to fill a GPU; else
-    (decode shapes) 64x64x128 tiles with 4 warps, which give 4x the programs. Clamped to
-    the problem (any shape runs; on CPU the interpreter takes the same tiles).
-    """
-    large = copies * triton.cdiv(m, 128) * triton.cdiv(n, 128) >= _FILL_PROGRAMS
-    bm, bn, bk, warps = (128, 128, 64, 8) if large else (64, 64, 128, 4)
-    return {"BLOCK_M": _block(m, bm), "BLOCK_N": _block(n, bn), "BLOCK_K": _block(k, bk),
-            "GROUP_M": 8, "num_warps": warps}
-
-
 def _dot(a, b, dtype):
     return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(dtype)
 
@@ -79,7 +59,7 @@ def _check_dim(value: int, fn: str, what: str) -> None:
 def _all_gather_matmul(x, w, axis_name):
     world = axis_size(axis_name)
     (m, k), n = x.shape, w.shape[1]
-    tiles = _tiles(m, n, k, copies=world)
+    tiles = gemm_tiles(m, n, k, copies=world)
     grid = world * triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     return triton_call(
         all_gather_matmul_kernel, x, w,
@@ -130,7 +110,7 @@ def _matmul_reduce_scatter(x, w, axis_name):
     world = axis_size(axis_name)
     (rows, k), n = x.shape, w.shape[1]
     seg = rows // world
-    tiles = _tiles(seg, n, k, copies=world)
+    tiles = gemm_tiles(seg, n, k, copies=world)
     per_segment = triton.cdiv(seg, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     return triton_call(
         matmul_reduce_scatter_kernel, x, w,
@@ -188,7 +168,7 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: str, *,
 def _matmul_all_reduce(x, w, axis_name):
     world = axis_size(axis_name)
     (m, k), n = x.shape, w.shape[1]
-    config = _tiles(m, n, k)
+    config = gemm_tiles(m, n, k)
     tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
     return triton_call(
         matmul_all_reduce_kernel, x, w,

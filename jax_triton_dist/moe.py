@@ -27,6 +27,7 @@ import triton
 
 from jax_triton_dist.collectives import all_to_all
 from jax_triton_dist.kernels.moe import moe_combine_kernel, moe_dispatch_kernel
+from jax_triton_dist.tiles import moe_combine_blocks, moe_dispatch_blocks
 from jax_triton_dist.triton_call import Workspace, axis_size, triton_call
 
 __all__ = ["MoERouting", "moe_dispatch", "moe_combine"]
@@ -101,14 +102,13 @@ def moe_dispatch(tokens: Any, expert_ids: Any, axis_name: str, *, num_experts: i
     fits = slot < capacity
     dest_row = jnp.where(fits, local * capacity + slot, -1)
 
-    block_r = min(64, triton.next_power_of_2(max(local_experts * capacity, 1)))
+    blocks = moe_dispatch_blocks(local_experts * capacity, h)
     expert_inputs = triton_call(
         moe_dispatch_kernel, tokens, order, recv_offsets, recv_counts,
         out_shape=jax.ShapeDtypeStruct((local_experts, capacity, h), tokens.dtype),
         workspace=[Workspace((2, world), jnp.int32)], symmetric=[0, 1],
-        grid=(triton.cdiv(local_experts * capacity, block_r),), axis_name=axis_name,
-        H=h, S=t * k, E_local=local_experts, C=capacity,
-        BLOCK_R=block_r, BLOCK_H=min(128, triton.next_power_of_2(h)),
+        grid=(triton.cdiv(local_experts * capacity, blocks["BLOCK_R"]),), axis_name=axis_name,
+        H=h, S=t * k, E_local=local_experts, C=capacity, **blocks,
     )
     routing = MoERouting(dest_rank.reshape(t, k), dest_row.reshape(t, k), recv_counts,
                          jnp.sum(~fits, dtype=jnp.int32))
@@ -139,11 +139,11 @@ def moe_combine(expert_outputs: Any, routing: MoERouting, weights: Any,
         raise ValueError(f"moe_combine: expert_outputs must be [E/n, C, H], got "
                          f"{expert_outputs.shape}")
     h = expert_outputs.shape[2]
-    block_t = min(32, triton.next_power_of_2(max(t, 1)))
+    blocks = moe_combine_blocks(t, h)
     return triton_call(
         moe_combine_kernel, expert_outputs, routing.dest_rank, routing.dest_row, weights,
         out_shape=jax.ShapeDtypeStruct((t, h), expert_outputs.dtype),
         workspace=[Workspace((2, axis_size(axis_name)), jnp.int32)], symmetric=[0],
-        grid=(triton.cdiv(t, block_t),), axis_name=axis_name, T=t, K=k, H=h,
-        BLOCK_T=block_t, BLOCK_H=min(128, triton.next_power_of_2(h)),
+        grid=(triton.cdiv(t, blocks["BLOCK_T"]),), axis_name=axis_name, T=t, K=k, H=h,
+        **blocks,
     )

@@ -45,11 +45,11 @@ def all_gather_matmul_kernel(
     pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
                                             GROUP_M, 1)
     local_m = pid_m - shard * tiles_m
-    if shard == me:
-        a_ptr = x_ptr
-    else:
-        token = dl.wait(flags + shard, 1, "sys", "acquire", epoch)
-        a_ptr = dl.consume_token(dl.symm_at(x_ptr, shard), token)
+    # The own shard needs no wait, and symm_at maps it to itself: one pointer for every
+    # shard (a pointer chosen by a run-time branch defeats Ascend's pointer analysis).
+    if shard != me:
+        dl.wait(flags + shard, 1, "sys", "acquire", epoch)
+    a_ptr = dl.symm_at(x_ptr, shard)
     acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, N, 1, BLOCK_M, BLOCK_N,
                       BLOCK_K)
     store_tile(c_ptr + shard * m * N, acc, local_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)

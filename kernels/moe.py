@@ -67,12 +67,11 @@ def moe_dispatch_kernel(
     position = tl.minimum(tl.maximum(slot - start, 0), S - 1)
     order_rows = order_ptr + (me * E_local + tl.minimum(expert, E_local - 1)) * S + position
     token_index = tl.load(dl.symm_at(order_rows, src), mask=valid, other=0)
+    token_rows = dl.symm_at(tokens_ptr + token_index * H, src)  # each row on its source
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
         mask = valid[:, None] & (cols[None, :] < H)
-        peers = src[:, None] + tl.zeros([BLOCK_H], dtype=tl.int32)[None, :]
-        remote = dl.symm_at(tokens_ptr + token_index[:, None] * H + cols[None, :], peers)
-        values = tl.load(remote, mask=mask, other=0.0)
+        values = tl.load(token_rows[:, None] + cols[None, :], mask=mask, other=0.0)
         store_mask = in_range[:, None] & (cols[None, :] < H)
         tl.store(out_ptr + rows[:, None] * H + cols[None, :], values, mask=store_mask)
 
@@ -107,10 +106,8 @@ def moe_combine_kernel(
             row = tl.load(dest_row_ptr + tokens * K + i, mask=in_range, other=-1)
             weight = tl.load(weights_ptr + tokens * K + i, mask=in_range, other=0.0)
             mask = (row >= 0)[:, None] & (cols[None, :] < H)
-            peers = dest[:, None] + tl.zeros([BLOCK_H], dtype=tl.int32)[None, :]
-            rows = tl.maximum(row, 0)
-            remote = dl.symm_at(expert_out_ptr + rows[:, None] * H + cols[None, :], peers)
-            values = tl.load(remote, mask=mask, other=0.0)
+            rows = dl.symm_at(expert_out_ptr + tl.maximum(row, 0) * H, dest)  # on its owner
+            values = tl.load(rows[:, None] + cols[None, :], mask=mask, other=0.0)
             acc += weight[:, None] * values.to(tl.float32)
         mask = in_range[:, None] & (cols[None, :] < H)
         tl.store(out_ptr + tokens[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),

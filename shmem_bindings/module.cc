@@ -100,19 +100,21 @@ NB_MODULE(_shmem, m) {
   auto shmem_error = nb::exception<ShmemError>(m, "ShmemError", PyExc_RuntimeError);
   nb::exception<ShmemTimeout>(m, "ShmemTimeoutError", shmem_error.ptr());
 
-  // The project's one definition of comparisons and signal updates (Python's
-  // shmem.Cmp / shmem.SignalOp and the dl primitives use these).
-  nb::enum_<Cmp>(m, "Cmp", nb::is_arithmetic(), "Comparison of wait_until and dl.wait.")
-      .value("EQ", Cmp::kEq)
-      .value("NE", Cmp::kNe)
-      .value("GT", Cmp::kGt)
-      .value("GE", Cmp::kGe)
-      .value("LT", Cmp::kLt)
-      .value("LE", Cmp::kLe);
-  nb::enum_<SignalOp>(m, "SignalOp", nb::is_arithmetic(),
-                      "Signal update of signal_op, putmem_signal and dl.notify.")
-      .value("SET", SignalOp::kSet)
-      .value("ADD", SignalOp::kAdd);
+  // The C++ side of jax_triton_dist/shmem/signals.py, for the test that checks they agree.
+  m.def("enum_values", [] {
+    nb::dict cmp, op, both;
+    cmp["EQ"] = static_cast<int>(Cmp::kEq);
+    cmp["NE"] = static_cast<int>(Cmp::kNe);
+    cmp["GT"] = static_cast<int>(Cmp::kGt);
+    cmp["GE"] = static_cast<int>(Cmp::kGe);
+    cmp["LT"] = static_cast<int>(Cmp::kLt);
+    cmp["LE"] = static_cast<int>(Cmp::kLe);
+    op["SET"] = static_cast<int>(SignalOp::kSet);
+    op["ADD"] = static_cast<int>(SignalOp::kAdd);
+    both["Cmp"] = cmp;
+    both["SignalOp"] = op;
+    return both;
+  });
 
   // Lifetime.
   m.def("init", &Init, "backend"_a, "n_pes"_a, "heap_size"_a, "devices"_a, "my_pe"_a = -1,

@@ -90,3 +90,11 @@ def test_compiled_kernel_reads_the_context_global():
     # The epoch is re-read every launch (volatile), at its ABI offset from the context.
     epoch_load = rf"ld\.volatile\.global\.[bu]32\s+%r\d+, \[%rd\d+\+{device_abi.EPOCH_OFFSET}\]"
     assert re.search(epoch_load, ptx), ptx
+
+
+def test_cpp_comparisons_and_signal_ops_are_the_pythons():
+    from jax_triton_dist import _shmem
+    from jax_triton_dist.shmem.signals import Cmp, SignalOp
+
+    assert _shmem.enum_values() == {"Cmp": {c.name: int(c) for c in Cmp},
+                                    "SignalOp": {o.name: int(o) for o in SignalOp}}

@@ -25,10 +25,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_triton_dist as jtd
-from jax_triton_dist import fused
 from jax_triton_dist.bench import gemm, timing
 from jax_triton_dist.runtime import cuda_compile, cuda_dispatch, cuda_driver
 from jax_triton_dist.shmem import heap
+from jax_triton_dist.tiles import gemm_tiles
 
 CHAIN = 200
 COPY_SIZES = [1 << 20, 16 << 20, 256 << 20]
@@ -146,7 +146,7 @@ def fused_overhead(device, iters: int, shapes=None) -> list[dict[str, Any]]:
         b = put(rng.standard_normal((k, n), np.float32) / np.sqrt(k))
         dot_s, ref = gemm._timed(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32)
                                  .astype(jnp.bfloat16), mesh, a, b, iters)
-        tiles = fused._tiles(m, n, k)
+        tiles = gemm_tiles(m, n, k)
         config = (tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["GROUP_M"],
                   tiles["num_warps"], 3)
         tile_s, _ = gemm._timed(lambda x, y, c=config: gemm.matmul(x, y, c), mesh, a, b, iters)

@@ -21,6 +21,7 @@ import triton.language as tl
 from triton.language import core
 
 from jax_triton_dist.language import device_abi
+from jax_triton_dist.language.compare import fails
 
 LIB_NAME = "libjtd_device"
 
@@ -257,23 +258,6 @@ def _rank(_semantic=None):
 
 
 @triton.jit
-def _fails(seen, value, CMP: tl.constexpr):
-    """Whether ``seen CMP value`` does not hold yet."""
-    if CMP == "eq":  # noqa: SIM116 - a Triton function: no dicts of tensors
-        return seen != value
-    elif CMP == "ne":
-        return seen == value
-    elif CMP == "gt":
-        return seen <= value
-    elif CMP == "ge":
-        return seen < value
-    elif CMP == "lt":
-        return seen >= value
-    else:
-        return seen > value
-
-
-@triton.jit
 def wait_loop(flag_ptr, n, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
     """Spins until each of ``n`` consecutive flags from ``flag_ptr`` satisfies ``CMP value``."""
     timeout = _timeout_ns()
@@ -281,7 +265,7 @@ def wait_loop(flag_ptr, n, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: t
     for i in range(0, n):
         start = _globaltimer()
         seen = tl.atomic_add(flag_ptr + i, 0, sem=SEM, scope=SCOPE)
-        while _fails(seen, target, CMP):
+        while fails(seen, target, CMP):
             if _globaltimer() - start > timeout:
                 tl.device_print("jax_triton_dist dl.wait timed out: rank, flag, expected, seen",
                                 _rank(), i, target, seen)

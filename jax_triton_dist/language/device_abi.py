@@ -10,6 +10,9 @@
   each kernel parameter (``xla_ffi/cuda_launch.cc`` has the same enum; a test checks it).
 * **The staging-slot rule** (:func:`staging_slot`): symmetric arguments alternate between
   two slots by epoch parity (the C++ handler applies the same rule; a test checks it).
+* **Ascend** (the lowering of ``language/ascend.py``): the context travels as trailing
+  kernel arguments (:data:`ASCEND_TRAILING_ARGS`), and a wait reads
+  :data:`ASCEND_WAIT_LANES` consecutive flags at once.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import tempfile
 from collections.abc import Sequence
 
 __all__ = ["CTX_SYMBOL", "HEADER", "HEADER_FIELDS", "EPOCH_OFFSET", "ParamKind",
-           "context_size", "pack_context", "staging_slot", "llvm_library", "library_path"]
+           "context_size", "pack_context", "staging_slot", "llvm_library", "library_path",
+           "ASCEND_TRAILING_ARGS", "ASCEND_WAIT_LANES"]
 
 CTX_SYMBOL = "jtd_ctx"
 """Module global holding the device address of the rank's context."""
@@ -61,6 +65,24 @@ class ParamKind(enum.IntEnum):
     RESULT = 1  # a result buffer of the call
     VALUE = 2  # fixed bytes (scalars, workspace addresses)
     STAGED = 3  # an operand copied into a symmetric slot first (see staging_slot)
+
+
+ASCEND_TRAILING_ARGS = (
+    # (name, TTIR type): appended, in this order, to every kernel's own parameters
+    ("rank", "i32"),  # dl.rank() ("args" mapping)
+    ("num_ranks", "i32"),  # dl.num_ranks() when the rank count is not compiled in
+    ("epoch", "i32"),  # dl.epoch()
+    ("heaps", "!tt.ptr<i64>"),  # heap base of every rank (dl.symm_at, "args" mapping)
+    ("barrier_area", "!tt.ptr<i64>"),  # num_ranks u64 counters (dl.barrier_all)
+    ("team", "i32"),  # the ACLSHMEM team of the kernel's axis ("aclshmem" mapping)
+)
+"""The rank context of an Ascend kernel: trailing kernel arguments (Ascend has no module
+globals a runtime could point at a context)."""
+
+ASCEND_WAIT_LANES = 8
+"""A wait on Ascend loads this many consecutive flags and tests the first (a scalar load,
+even a volatile one, is served from the scalar cache, so a spin must load a block). The
+runtime leaves ``8 * ASCEND_WAIT_LANES`` bytes after every region of flags."""
 
 
 def staging_slot(epoch: int, even: int, odd: int) -> int:

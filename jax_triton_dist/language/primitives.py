@@ -4,11 +4,17 @@ Each primitive is a Triton builtin with one implementation per backend family:
 
 * interpreter (CPU backend): reads the launch's :class:`RankContext` and
   operates on host memory through the SHMEM extension;
-* compiled (CUDA): emits Triton IR through ``compiled.py`` (the rank context comes
-  from a small device library linked into the kernel).
+* compiled for CUDA (Triton 3.6, builtins get ``_semantic``): emits Triton IR through
+  ``compiled.py`` (the rank context comes from a small device library linked into the
+  kernel);
+* compiled for Ascend (triton-ascend, Triton 3.2, builtins get ``_builder``): emits
+  Triton IR through ``ascend.py`` (rank, epoch and heap bases as trailing kernel
+  arguments, or ACLSHMEM calls).
 
 Everything else in ``jax_triton_dist.language`` is written in Triton on top of
-these, so a kernel has one source for every backend.
+these, so a kernel has one source for every backend. The module needs only Triton and
+NumPy at import (the SHMEM extension is loaded when an interpreted kernel first waits
+or signals), so the Ascend lowering can load kernels where the project is not built.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter as _interp
 
+from jax_triton_dist.language import ascend as _ascend
 from jax_triton_dist.language import compiled as _compiled
 from jax_triton_dist.language.context import current
-from jax_triton_dist.shmem import Cmp, SignalOp, host_atomics
+from jax_triton_dist.shmem.signals import Cmp, SignalOp
 
 __all__ = [
     "rank", "num_ranks", "epoch", "symm_at", "wait", "notify", "consume_token", "fence",
@@ -49,6 +56,13 @@ def _interpreting(semantic) -> bool:
     return semantic is None or isinstance(semantic.builder, _interp.InterpreterBuilder)
 
 
+def _host_atomics():
+    """The host-memory atomics of the interpreted primitives (the SHMEM extension)."""
+    from jax_triton_dist.shmem import host_atomics
+
+    return host_atomics
+
+
 def _check_choice(value, choices, what: str, fn: str) -> None:
     if value not in choices:
         raise ValueError(f"dl.{fn}: {what} must be one of {list(choices)}, got {value!r}")
@@ -58,11 +72,12 @@ def _primitive(interpret: Callable, *, choices: Mapping[str, tuple] | None = Non
                name: str | None = None) -> Callable:
     """Makes a builtin whose interpreter implementation is ``interpret``.
 
-    The decorated function is the compiled implementation; it receives ``_semantic`` and
-    ``_generator`` (the code generator) and plain Python values for constexprs.
-    ``choices`` maps parameters to their allowed values, checked once, before either
-    implementation runs (``name``: the primitive's name in messages, default the
-    function's).
+    The decorated function is the CUDA implementation; it receives ``_semantic`` and
+    ``_generator`` (the code generator) and plain Python values for constexprs. The
+    Ascend implementation is the function of the same name in ``ascend.py`` (it receives
+    ``_builder`` instead of ``_semantic``). ``choices`` maps parameters to their allowed
+    values, checked once, before any implementation runs (``name``: the primitive's name
+    in messages, default the function's).
     """
 
     def decorator(compiled: Callable) -> Callable:
@@ -70,7 +85,7 @@ def _primitive(interpret: Callable, *, choices: Mapping[str, tuple] | None = Non
         label = name or compiled.__name__
 
         @functools.wraps(compiled)
-        def builtin(*args, _semantic=None, _generator=None, **kwargs):
+        def builtin(*args, _semantic=None, _builder=None, _generator=None, **kwargs):
             args = [_unwrap(a) for a in args]
             kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
             if choices:
@@ -78,6 +93,9 @@ def _primitive(interpret: Callable, *, choices: Mapping[str, tuple] | None = Non
                 bound.apply_defaults()
                 for param, allowed in choices.items():
                     _check_choice(bound.arguments[param], allowed, param, label)
+            if _builder is not None:  # Triton 3.2 code generation: triton-ascend
+                return _ascend.lowering(label)(*args, _builder=_builder,
+                                               _generator=_generator, **kwargs)
             if _interpreting(_semantic):
                 return interpret(*args, **kwargs)
             return compiled(*args, _semantic=_semantic, _generator=_generator, **kwargs)
@@ -219,7 +237,7 @@ def _wait_interp(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="
     addresses, element = _flag_addresses(flag_ptrs, count, "wait")
     expected = _scalar_int(value, "value")
     who = f"{ctx.who()}: dl.wait(cmp={cmp!r})"
-    host_atomics.wait_flags(addresses, element.primitive_bitwidth // 8,
+    _host_atomics().wait_flags(addresses, element.primitive_bitwidth // 8,
                             element.is_int_signed(), CMPS[cmp], expected, ctx.timeout, who)
     return _scalar(0, tl.int32)
 
@@ -251,7 +269,7 @@ def _notify_interp(ptr, peer, signal=1, sig_op="set", scope="gpu"):
                         f"got {element}")
     value = _scalar_int(signal, "signal") & ((1 << element.primitive_bitwidth) - 1)
     for address in _translate(data, peer, "notify").reshape(-1):
-        host_atomics.signal_op(int(address), value, SIG_OPS[sig_op],
+        _host_atomics().signal_op(int(address), value, SIG_OPS[sig_op],
                                element.primitive_bitwidth // 8)
 
 
@@ -275,7 +293,7 @@ def consume_token(x, token, _semantic=None, _generator=None):
 
 
 def _fence_interp(scope="gpu"):
-    host_atomics.fence()
+    _host_atomics().fence()
 
 
 @_primitive(_fence_interp, choices={"scope": SCOPES})

@@ -12,20 +12,13 @@ from jax_triton_dist.shmem.memory import offset_of
 from jax_triton_dist.shmem.pes import my_pe
 from jax_triton_dist.shmem.rendezvous import barrier
 from jax_triton_dist.shmem.settings import wait_timeout
+from jax_triton_dist.shmem.signals import Cmp, SignalOp
 
 __all__ = [
     "Cmp", "SignalOp", "putmem", "getmem", "putmem_nbi", "getmem_nbi", "putmem_signal",
     "putmem_signal_nbi", "signal_op", "signal_fetch", "signal_wait_until", "quiet", "fence",
     "barrier_all",
 ]
-
-Cmp = _lib.Cmp
-"""Comparison of ``signal_wait_until`` and ``dl.wait``: ``EQ``, ``NE``, ``GT``, ``GE``,
-``LT``, ``LE`` (defined once, in the extension; backends that wrap another SHMEM library
-translate)."""
-SignalOp = _lib.SignalOp
-"""Signal update of ``signal_op`` / ``putmem_signal`` / ``dl.notify``: ``SET``, ``ADD``."""
-
 
 def _remote(dest: int, pe: int, what: str) -> int:
     check_pe(pe)

@@ -1,0 +1,204 @@
+"""Every kernel of ``kernels/`` as the ops launch it, for the Ascend lowering.
+
+A :class:`Case` is one kernel with the pointer types, scalars and constexprs its op passes
+(block and tile choices come from :mod:`jax_triton_dist.tiles` for the Ascend target), at
+a given rank count, and the distributed operations its source implies there
+(:class:`Expected`): the lowering check fails a kernel whose HIVM IR lost any of them.
+
+Pure Python: imported where triton-ascend runs (no JAX, no built extension).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import triton
+
+from jax_triton_dist import tiles
+
+__all__ = ["Expected", "Case", "RANKS", "cases", "case_names"]
+
+RANKS = (2, 8)
+"""Rank counts every kernel is lowered at."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """Distributed operations in the kernel's code at a rank count, counted statically
+    (a loop over ranks with ``R`` iterations counts its body ``R`` times; a branch counts
+    once): flag writes (``dl.notify``), waits (``dl.wait``, one per flag) and block
+    barriers (one before each notify and after each wait, plus the kernel's own)."""
+
+    notifies: int
+    waits: int
+    barriers: int = -1  # default: notifies + waits
+
+    def barrier_count(self) -> int:
+        return self.notifies + self.waits if self.barriers < 0 else self.barriers
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One kernel launch as an op makes it."""
+
+    name: str
+    kernel: str  # "module:function" of the @triton.jit kernel
+    pointers: dict[str, str]  # parameter -> Triton element type ("fp32", "bf16", "i32")
+    scalars: dict[str, int]  # int32 scalar parameters and sample values
+    constexprs: dict[str, Any]
+    expected: Expected
+
+    def resolve(self):
+        """The ``@triton.jit`` kernel."""
+        module, name = self.kernel.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def signature(self) -> tuple[dict[str, str], dict[str, Any]]:
+        """Triton 3.2's ``ASTSource`` signature (every parameter, constexprs marked) and
+        constants, in the kernel's parameter order."""
+        import inspect
+
+        params = inspect.signature(self.resolve().fn).parameters
+        signature, constants = {}, {}
+        for name in params:
+            if name in self.pointers:
+                signature[name] = "*" + self.pointers[name]
+            elif name in self.scalars:
+                signature[name] = "i32"
+            elif name in self.constexprs:
+                signature[name] = "constexpr"
+                constants[name] = self.constexprs[name]
+            else:
+                raise ValueError(f"catalog case {self.name}: no value for parameter {name}")
+        return signature, constants
+
+
+_EXCHANGE = "jax_triton_dist.kernels.exchange:push_exchange_kernel"
+_EXCHANGE_VARIANTS = {  # the op each (SEND_CHUNKS, REDUCE) serves
+    "all_gather": (False, "none"), "reduce_scatter": (True, "sum"),
+    "all_reduce_one_shot": (False, "sum"), "all_to_all": (True, "none"),
+    "all_reduce_max": (False, "max"),
+}
+
+
+def _push_exchange(ranks: int) -> list[Case]:
+    n = 4096
+    block, _ = tiles.exchange_block(n)
+    out = []
+    for op, (send_chunks, reduce) in _EXCHANGE_VARIANTS.items():
+        # push: one notify per peer; receive: one wait per peer (copy) or per rank in the
+        # rank-ordered reduction (the own rank's iteration does not wait, but is code).
+        waits = ranks - 1 if reduce == "none" else ranks
+        out.append(Case(
+            f"push_exchange[{op}]", _EXCHANGE,
+            {"x_ptr": "fp32", "out_ptr": "fp32", "slots_ptr": "fp32", "flags_ptr": "i32"},
+            {"n": n}, {"SEND_CHUNKS": send_chunks, "REDUCE": reduce, "BLOCK": block},
+            Expected(notifies=ranks - 1, waits=waits)))
+    return out
+
+
+def _two_shot(ranks: int) -> Case:
+    n = 8192
+    chunk = triton.cdiv(n, ranks)
+    block, _ = tiles.exchange_block(chunk)
+    return Case(
+        "two_shot_all_reduce", "jax_triton_dist.kernels.allreduce:two_shot_all_reduce_kernel",
+        {"x_ptr": "bf16", "out_ptr": "bf16", "rs_slots_ptr": "bf16", "ag_slots_ptr": "bf16",
+         "flags_ptr": "i32"},
+        {"n": n, "chunk": chunk}, {"REDUCE": "sum", "BLOCK": block},
+        Expected(notifies=2 * (ranks - 1), waits=ranks + ranks - 1))
+
+
+def _ring() -> Case:
+    return Case(
+        "ring_shift", "jax_triton_dist.kernels.ring_exchange:ring_shift_kernel",
+        {"x_ptr": "fp32", "out_ptr": "fp32", "buf_ptr": "fp32", "flag_ptr": "i32"},
+        {"n": 4096}, {"BLOCK": 1024}, Expected(notifies=1, waits=1))
+
+
+def _gemm() -> Case:
+    m, n, k = 1024, 1024, 1024
+    config = tiles.gemm_tiles(m, n, k, target="ascend")
+    config.pop("num_warps")
+    return Case(
+        "gemm_tile", "jax_triton_dist.kernels.gemm:matmul_kernel",
+        {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16"},
+        {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
+        dict(config, stride_ak=1, stride_bn=1, stride_cn=1), Expected(0, 0))
+
+
+def _gemm_tiles(m: int, n: int, k: int, copies: int) -> dict[str, int]:
+    config = tiles.gemm_tiles(m, n, k, copies=copies, target="ascend")
+    config.pop("num_warps")
+    return config
+
+
+def _fused(ranks: int) -> list[Case]:
+    m, n, k = 256, 1024, 1024  # per-rank rows, columns, reduction
+    ag = Case(
+        "all_gather_matmul", "jax_triton_dist.kernels.gemm_collectives:all_gather_matmul_kernel",
+        {"x_ptr": "bf16", "w_ptr": "bf16", "c_ptr": "bf16", "flags_ptr": "i32"},
+        {"m": m, "N": n, "K": k}, _gemm_tiles(m, n, k, ranks),
+        # program 0 announces to every peer; a tile of a peer's shard waits once
+        Expected(notifies=ranks - 1, waits=1))
+    rs = Case(
+        "matmul_reduce_scatter",
+        "jax_triton_dist.kernels.gemm_collectives:matmul_reduce_scatter_kernel",
+        {"x_ptr": "bf16", "w_ptr": "bf16", "c_ptr": "bf16", "slots_ptr": "fp32",
+         "flags_ptr": "i32"},
+        {"seg": m, "N": n, "K": k}, _gemm_tiles(m, n, k, ranks),
+        # a peer segment's tile is pushed once; the own segment's tile waits per rank;
+        # keep_tile adds a barrier
+        Expected(notifies=1, waits=ranks, barriers=1 + ranks + 1))
+    decode_m = 128
+    ar = Case(
+        "matmul_all_reduce", "jax_triton_dist.kernels.gemm_allreduce:matmul_all_reduce_kernel",
+        {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "slots_ptr": "fp32",
+         "flags_ptr": "i32"},
+        {"M": decode_m, "N": n, "K": k, "stride_am": k, "stride_bk": n},
+        dict(_gemm_tiles(decode_m, n, k, 1), stride_ak=1, stride_bn=1),
+        Expected(notifies=ranks - 1, waits=ranks, barriers=(ranks - 1) + ranks + 1))
+    return [ag, rs, ar]
+
+
+def _moe(ranks: int) -> list[Case]:
+    t, h, k, local_experts = 64, 256, 2, 2
+    capacity = ranks * t * k
+    # announce_and_wait: program 0 notifies every peer; every program waits for each peer
+    announce = Expected(notifies=ranks - 1, waits=ranks - 1)
+    dispatch = Case(
+        "moe_dispatch", "jax_triton_dist.kernels.moe:moe_dispatch_kernel",
+        {"tokens_ptr": "bf16", "order_ptr": "i32", "recv_offsets_ptr": "i32",
+         "recv_counts_ptr": "i32", "out_ptr": "bf16", "flags_ptr": "i32"},
+        {"H": h, "S": t * k, "E_local": local_experts, "C": capacity},
+        tiles.moe_dispatch_blocks(local_experts * capacity, h), announce)
+    combine = Case(
+        "moe_combine", "jax_triton_dist.kernels.moe:moe_combine_kernel",
+        {"expert_out_ptr": "bf16", "dest_rank_ptr": "i32", "dest_row_ptr": "i32",
+         "weights_ptr": "fp32", "out_ptr": "bf16", "flags_ptr": "i32"},
+        {"T": t, "K": k, "H": h}, tiles.moe_combine_blocks(t, h), announce)
+    return [dispatch, combine]
+
+
+def _device_calls(ranks: int) -> Case:
+    # putmem_signal: 1 notify; signal_wait_until: 1 wait; barrier_all: a notify per rank and
+    # a wait on every rank's counter; a barrier per notify and per wait call
+    return Case(
+        "shmem_device_calls", "jax_triton_dist.ascend.device_calls:device_calls_kernel",
+        {"x_ptr": "fp32", "out_ptr": "fp32", "buf_ptr": "fp32", "sig_ptr": "i32"},
+        {"n": 4096}, {"BLOCK": 1024},
+        Expected(notifies=1 + ranks, waits=1 + ranks, barriers=(1 + ranks) + 2))
+
+
+def cases(ranks: int) -> list[Case]:
+    """Every kernel of ``kernels/`` at ``ranks`` ranks, and a kernel making every ``dl``
+    SHMEM device call (``device_calls``)."""
+    return (_push_exchange(ranks) + [_two_shot(ranks), _ring(), _gemm()] + _fused(ranks)
+            + _moe(ranks) + [_device_calls(ranks)])
+
+
+def case_names() -> list[str]:
+    """Names of the cases (the same at every rank count)."""
+    return [case.name for case in cases(RANKS[0])]

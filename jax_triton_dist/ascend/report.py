@@ -1,0 +1,119 @@
+"""Lowers the catalog's kernels for Ascend and reports per kernel what was reached and
+whether its distributed semantics survived (runs in the triton-ascend environment)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+
+from jax_triton_dist.ascend import catalog, checks, lowering
+
+__all__ = ["BINARY_STAGE", "run", "run_controls", "table", "markdown"]
+
+BINARY_STAGE = "needs CANN (hivmc)"
+"""The stage after HIVM IR: CANN's hivmc makes the NPU binary; not available here."""
+
+
+def _record(case: catalog.Case, ranks: int, mapping: str, out: str, arch: str,
+            **options) -> dict:
+    folder = os.path.join(out, mapping, f"{case.name}-r{ranks}")
+    signature, constants = case.signature()
+    lowered = lowering.lower(case.resolve(), signature, constants, ranks=ranks,
+                             mapping=mapping, out_dir=folder, arch=arch, **options)
+    record = {"kernel": case.name, "ranks": ranks, "mapping": mapping, "stage": lowered.stage,
+              "binary": BINARY_STAGE, "error": lowered.error, "forms": lowered.forms,
+              "dir": os.path.relpath(folder, out), "command": " ".join(lowered.command)}
+    expected = case.expected
+    source = {"notifies": expected.notifies, "waits": expected.waits,
+              "barriers": expected.barrier_count()}
+    record["checks"] = {"source": source, "passed": False}
+    if lowered.hivm is not None:
+        ttir = checks.count_ttir(lowered.ttir, mapping)
+        hivm = checks.count_hivm(lowered.hivm)
+        failures = checks.check(expected, ttir, hivm)
+        record["checks"].update(ttir=ttir.as_dict(), hivm=hivm.as_dict(), failures=failures,
+                                passed=not failures)
+    return record
+
+
+def run(names: Iterable[str], ranks: Iterable[int], mappings: Iterable[str], out: str,
+        arch: str = lowering.DEFAULT_ARCH) -> list[dict]:
+    """Lowers each named kernel at each rank count with each mapping into ``out``; writes
+    and returns the records (``out/report.json``)."""
+    names, ranks, mappings = list(names), list(ranks), list(mappings)
+    known = catalog.case_names()
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"unknown kernels {unknown}; known: {', '.join(known)}")
+    records = []
+    for mapping in mappings:
+        for count in ranks:
+            for case in catalog.cases(count):
+                if case.name in names:
+                    records.append(_record(case, count, mapping, out, arch))
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(records, f, indent=1)
+    return records
+
+
+def run_controls(out: str, arch: str = lowering.DEFAULT_ARCH) -> list[dict]:
+    """Lowers the negative controls (``controls.CONTROLS``) into ``out/controls``; a record's
+    ``control_ok`` is true when the check failed it, as it must."""
+    from jax_triton_dist.ascend import controls
+
+    records = []
+    for case, mapping, options in controls.CONTROLS.values():
+        record = _record(case, 2, mapping, os.path.join(out, "controls"), arch, **options)
+        record["control_ok"] = record["stage"] == "hivm" and not record["checks"]["passed"]
+        records.append(record)
+    return records
+
+
+def _cells(record: dict) -> list[str]:
+    c = record["checks"]
+    counts = [f"{c['source'][k]}/{c.get('hivm', {}).get(k, '-')}" for k in checks.CATEGORIES]
+    verdict = "ok" if c["passed"] else ("FAIL" if record["stage"] == "hivm" else "-")
+    return [record["kernel"], str(record["ranks"]), record["mapping"], record["stage"], *counts,
+            verdict, record["binary"] if record["stage"] == "hivm" else record["error"][:60]]
+
+
+_HEADER = ["kernel", "ranks", "mapping", "stage", "notifies src/hivm", "waits src/hivm",
+           "barriers src/hivm", "semantics", "next stage"]
+
+
+def table(records: list[dict]) -> str:
+    """The report as an aligned text table."""
+    rows = [_HEADER] + [_cells(r) for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     for row in rows)
+
+
+def _forms_summary(records: list[dict], mapping: str) -> list[str]:
+    forms: dict[str, dict[str, str]] = {}
+    for record in records:
+        if record["mapping"] == mapping:
+            for primitive, taken in record["forms"].items():
+                forms.setdefault(primitive, {}).update(taken)
+    return [f"| `{p}` | " + "; ".join(f"{form} ({why})" if why else form
+                                     for form, why in sorted(forms[p].items())) + " |"
+            for p in sorted(forms)]
+
+
+def markdown(records: list[dict], command: str) -> str:
+    """ASCEND.md: the table, and what each primitive became under each mapping."""
+    lines = ["# Ascend lowering report", "",
+             f"Generated by `{command}` (triton-ascend 3.2.0, ascendnpu-ir 1.2.0, on a machine "
+             "without an NPU or CANN). Each kernel of `kernels/` is lowered with the "
+             "constexprs its op uses, to `module.hivm.opt.mlir` (optimised HIVM IR); the next "
+             "step, CANN's `hivmc`, is not available here. *src/hivm*: distributed operations "
+             "the kernel source implies at that rank count / found in the HIVM IR "
+             "(`jax_triton_dist/ascend/checks.py`).", "",
+             "| " + " | ".join(_HEADER) + " |", "|" + " --- |" * len(_HEADER)]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in records]
+    for mapping in sorted({r["mapping"] for r in records}):
+        lines += ["", f"## What each primitive became (`{mapping}` mapping)", "",
+                  "| primitive | form (why) |", "| --- | --- |"]
+        lines += _forms_summary(records, mapping)
+    return "\n".join(lines) + "\n"

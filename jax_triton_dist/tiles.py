@@ -1,0 +1,71 @@
+"""Block and tile choices of the ops' kernels, per compile target.
+
+Pure Python (Triton's integer helpers only): the JAX wrappers (collectives, fused GEMM
+ops, MoE) and the Ascend lowering (``jax_triton_dist.ascend``, which runs where JAX is not
+installed) take their kernels' constexprs from here, so a kernel is lowered for Ascend
+with the constexprs the op really uses.
+"""
+
+from __future__ import annotations
+
+import triton
+
+__all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "gemm_tiles", "moe_dispatch_blocks",
+           "moe_combine_blocks"]
+
+TARGETS = ("cuda", "ascend")
+MAX_EXCHANGE_BLOCK = 4096
+
+# Programs that fill the device: one per SM of an H100/H200 (132); one per AI core of an
+# Ascend 910B (20: the cube core count of its target description).
+_FILL_PROGRAMS = {"cuda": 132, "ascend": 20}
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for problems that fill the device, and for decode
+# shapes (more, smaller tiles). Ascend's on-chip unified buffer is 192 KiB: its
+# bishengir-compile reports "ub overflow" for 128x128x64 and 64x64x128 (measured), so its
+# tiles halve BLOCK_K.
+_GEMM_TILES = {
+    "cuda": {"large": (128, 128, 64, 8), "decode": (64, 64, 128, 4)},
+    "ascend": {"large": (128, 128, 32, 4), "decode": (64, 64, 64, 4)},
+}
+
+
+def _check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+
+
+def exchange_block(n: int) -> tuple[int, int]:
+    """``(BLOCK, programs)`` of the push-exchange and two-shot kernels for ``n`` elements
+    per block: one program per ``BLOCK`` elements, ``BLOCK`` at most 4096."""
+    block = min(triton.next_power_of_2(max(n, 1)), MAX_EXCHANGE_BLOCK)
+    return block, triton.cdiv(max(n, 1), block)
+
+
+def _block(size: int, cap: int) -> int:
+    return max(16, min(cap, triton.next_power_of_2(size)))
+
+
+def gemm_tiles(m: int, n: int, k: int, copies: int = 1, target: str = "cuda") -> dict[str, int]:
+    """Tile shape and warps for ``copies`` ``[m, k] @ [k, n]`` products in one grid.
+
+    Large tiles when they give enough programs to fill the device; else (decode shapes)
+    smaller tiles, which give 4x the programs. Clamped to the problem (any shape runs; on
+    CPU the interpreter takes the CUDA tiles).
+    """
+    _check_target(target)
+    large = copies * triton.cdiv(m, 128) * triton.cdiv(n, 128) >= _FILL_PROGRAMS[target]
+    bm, bn, bk, warps = _GEMM_TILES[target]["large" if large else "decode"]
+    return {"BLOCK_M": _block(m, bm), "BLOCK_N": _block(n, bn), "BLOCK_K": _block(k, bk),
+            "GROUP_M": 8, "num_warps": warps}
+
+
+def moe_dispatch_blocks(rows: int, h: int) -> dict[str, int]:
+    """``BLOCK_R`` (rows of the expert inputs per program) and ``BLOCK_H`` of dispatch."""
+    return {"BLOCK_R": min(64, triton.next_power_of_2(max(rows, 1))),
+            "BLOCK_H": min(128, triton.next_power_of_2(h))}
+
+
+def moe_combine_blocks(t: int, h: int) -> dict[str, int]:
+    """``BLOCK_T`` (tokens per program) and ``BLOCK_H`` of combine."""
+    return {"BLOCK_T": min(32, triton.next_power_of_2(max(t, 1))),
+            "BLOCK_H": min(128, triton.next_power_of_2(h))}
