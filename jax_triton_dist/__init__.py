@@ -9,22 +9,22 @@ Public API:
 * :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce` —
   GEMM and collective fused in one kernel;
 * :mod:`jax_triton_dist.language` (``dl``) — the kernel language;
-* :mod:`jax_triton_dist.shmem` — the host SHMEM API.
+* :mod:`jax_triton_dist.shmem` — the host SHMEM API;
+* :func:`heap_usage`, :func:`check_errors` — the runtime's heap use, asynchronous GPU
+  failures.
 """
 
 from jax_triton_dist import shmem
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 from jax_triton_dist.moe import MoERouting, moe_combine, moe_dispatch
-from jax_triton_dist.runtime import ffi_targets as _ffi_targets
+from jax_triton_dist.status import Usage, check_errors, heap_usage
 from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, triton_call
 
 __all__ = [
     "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
-    "moe_dispatch", "moe_combine", "MoERouting",
+    "moe_dispatch", "moe_combine", "MoERouting", "heap_usage", "Usage", "check_errors",
 ]
 __version__ = "0.1.0"
-
-_ffi_targets.register()

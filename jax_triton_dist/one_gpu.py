@@ -68,7 +68,7 @@ def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs,
         kernel=kernel, label=kernel.fn.__name__, grid=tuple(grid), mesh_axes=("x",), axis=0,
         num_ranks=world, params=params, inputs=[spec(a.shape, a.dtype) for a in inputs],
         symmetric=frozenset(symmetric), outputs=[spec(*o) for o in outputs],
-        workspaces=[spec(*w) for w in workspaces], kwargs=dict(kwargs))
+        workspaces=[spec(*w) for w in workspaces], kwargs=dict(kwargs), call_id=next(_ids))
 
 
 def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],
@@ -103,13 +103,14 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     site = _site(kernel, world, first, outputs, workspaces, grid, kwargs, symmetric)
     team = call_site.TeamState(pes=list(range(world)), generation=lifetime.generation())
     contexts = cuda_dispatch.regions(site, team)
-    signature, compiled = cuda_dispatch.compile_site(next(_ids), site)
+    signature, compiled = cuda_dispatch.compile_site(site.call_id, site)
     block = 32 * compiled.metadata.num_warps
-    functions, streams = [], []
+    modules, functions, streams = [], [], []
     for _, ctx in contexts:
         module, function = drv.load_function(device, compiled.asm["cubin"],
                                              compiled.metadata.name, compiled.metadata.shared)
         cuda_dispatch.bind_context(device, module, compiled, ctx)
+        modules.append(module)
         functions.append(function)
         streams.append(drv.stream_create(device))
     in_bufs = [[drv.alloc(device, max(a.nbytes, 1)) for a in first] for _ in range(world)]
@@ -143,12 +144,19 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
                            compiled.metadata.shared, values, streams[rank])
             for stream in streams:
                 drv.stream_synchronize(device, stream)
+            failure = cuda_dispatch.take_failure(device, site.call_id)
+            if failure:
+                raise RuntimeError(f"one_gpu.run_ranks, call {call}: {failure}")
             results.append([
                 [np.frombuffer(drv.read(device, buf, spec.nbytes), spec.dtype).reshape(spec.shape)
                  for buf, spec in zip(out_bufs[rank], site.outputs, strict=True)]
                 for rank in range(world)])
         return results
     finally:
+        for stream in streams:
+            drv.stream_synchronize(device, stream)
         for buf in itertools.chain(*in_bufs, *out_bufs):
             drv.free(device, buf)
+        for module in modules:
+            drv.module_unload(device, module)
         heap.release(contexts[0][0] - heap.heap_base(0))

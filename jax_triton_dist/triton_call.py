@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_triton_dist import dtypes
-from jax_triton_dist.runtime import call_site, jax_compat
+from jax_triton_dist.language import bounds
+from jax_triton_dist.runtime import call_site, ffi_targets, jax_compat, site_uses
+from jax_triton_dist.shmem import settings
 
 __all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size"]
 
@@ -95,6 +97,13 @@ def _check_signature(kernel: Any, n_positional: int, kwargs: dict[str, Any], lab
     if unknown:
         raise TypeError(f"triton_call: kernel {label} has no parameters {unknown} left to bind "
                         f"(its parameters: {params})")
+    signature = inspect.signature(kernel.fn).parameters
+    missing = [name for name in params[n_positional:] if name not in kwargs
+               and signature[name].default is inspect.Parameter.empty]
+    if missing:
+        raise TypeError(f"triton_call: kernel {label}: no value for parameter(s) "
+                        f"{', '.join(missing)} (pass them as keyword arguments, e.g. "
+                        f"{missing[0]}=...)")
 
 
 def _grid(grid: Any, kwargs: dict[str, Any]) -> tuple[int, ...]:
@@ -169,6 +178,10 @@ def triton_call(
         jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))(x)
     """
     label = _kernel_label(kernel)
+    ffi_targets.register()
+    settings.check_environment()  # a bad setting fails here, not on a device thread
+    bounds.enabled()
+    site_uses.drain()  # sites of executables that are gone release their regions
     axes, sizes = _manual_axes(axis_name)
     single = hasattr(out_shape, "shape") and hasattr(out_shape, "dtype")
     outs = [out_shape] if single else list(out_shape)

@@ -20,7 +20,26 @@ size_t AlignUp(size_t value, size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
+std::atomic<bool> g_cancelled{false};
+std::mutex g_cancel_mu;
+std::string g_cancel_reason;
+
+// Throws ShmemAborted if waits were cancelled.
+void CheckCancelled(const std::string& who) {
+  if (!g_cancelled.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(g_cancel_mu);
+  throw ShmemAborted(who + ": " + g_cancel_reason);
+}
+
 }  // namespace
+
+void CancelWaits(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(g_cancel_mu);
+    g_cancel_reason = "wait cancelled: " + reason;
+  }
+  g_cancelled.store(true, std::memory_order_release);
+}
 
 // ---------------------------------------------------------------------------
 // Geometry
@@ -88,6 +107,11 @@ size_t Backend::allocated_bytes() const {
   return total;
 }
 
+size_t Backend::allocation_count() const {
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  return used_.size();
+}
+
 size_t Backend::largest_free_block() const {
   std::lock_guard<std::mutex> lock(alloc_mu_);
   size_t best = 0;
@@ -129,8 +153,17 @@ std::vector<int64_t> Backend::rendezvous(int64_t key, int members, int index, in
   }
   auto deadline = Deadline(timeout_s);
   while (!round.complete && !round.failed) {
-    if (rv_cv_.wait_until(lock, deadline) == std::cv_status::timeout && !round.complete &&
-        !round.failed) {
+    if (g_cancelled.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> cancel(g_cancel_mu);
+      round.failed = true;
+      round.error = "rendezvous " + std::to_string(key) + ": " + g_cancel_reason;
+      rv_cv_.notify_all();
+      break;
+    }
+    // Wake up now and then to notice a cancellation (the interpreter exiting).
+    auto wake = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+    if (rv_cv_.wait_until(lock, wake) == std::cv_status::timeout && Clock::now() >= deadline &&
+        !round.complete && !round.failed) {
       std::string missing;
       for (int i = 0; i < members; ++i) {
         if (!round.present[i]) {
@@ -220,15 +253,21 @@ const char* CmpName(Cmp cmp) {
 
 void WaitUntil(const std::function<uint64_t(uintptr_t)>& load, const std::vector<uintptr_t>& addrs,
                int itemsize, bool is_signed, Cmp cmp, int64_t value, double timeout_s,
-               const std::string& who) {
+               const std::string& who, uintptr_t abort_addr, int64_t abort_epoch) {
   CheckItemsize(itemsize);
   const auto deadline = Deadline(timeout_s);
+  const auto* abort_word = reinterpret_cast<const std::atomic<int64_t>*>(abort_addr);
   for (size_t i = 0; i < addrs.size(); ++i) {
     int spins = 0;
     while (true) {
       int64_t seen = AsSigned(load(addrs[i]), itemsize, is_signed);
       if (Compare(seen, cmp, value, is_signed)) break;
       if (++spins < 64) continue;
+      CheckCancelled(who);
+      if (abort_word != nullptr && abort_word->load(std::memory_order_acquire) >= abort_epoch) {
+        throw ShmemAborted(who + ": wait abandoned on flag " + std::to_string(i) +
+                           ": a peer rank of this call failed");
+      }
       if (Clock::now() > deadline) {
         char buf[512];
         std::snprintf(buf, sizeof(buf),

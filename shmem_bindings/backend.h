@@ -32,6 +32,17 @@ class ShmemTimeout : public ShmemError {
   using ShmemError::ShmemError;
 };
 
+// Raised when a wait or a rendezvous is abandoned before its deadline: a peer of the wait
+// failed (its abort word reached the waiter's epoch), or every wait was cancelled.
+class ShmemAborted : public ShmemError {
+ public:
+  using ShmemError::ShmemError;
+};
+
+// Makes every wait and rendezvous of the process, running or to come, throw ShmemAborted
+// with `reason` (the interpreter is exiting: no thread may stay in a spin).
+void CancelWaits(const std::string& reason);
+
 // Comparison operators of wait_until (the project's own numbering; backends that wrap
 // another SHMEM library translate).
 enum class Cmp : int { kEq = 0, kNe = 1, kGt = 2, kGe = 3, kLt = 4, kLe = 5 };
@@ -45,9 +56,11 @@ void CheckItemsize(int itemsize);
 // Spins (with back-off) until each of `addrs` compares true against `value`, reading a
 // flag with `load(addr)` (`itemsize` bytes, signed or not). On timeout throws
 // ShmemTimeout naming `who`, the flag index and address, the expected and the seen value.
+// With `abort_addr` (a host int64, 0: none), throws ShmemAborted as soon as the value there
+// reaches `abort_epoch` (a peer of this call failed); so do cancelled waits (CancelWaits).
 void WaitUntil(const std::function<uint64_t(uintptr_t)>& load, const std::vector<uintptr_t>& addrs,
                int itemsize, bool is_signed, Cmp cmp, int64_t value, double timeout_s,
-               const std::string& who);
+               const std::string& who, uintptr_t abort_addr = 0, int64_t abort_epoch = 0);
 
 class Backend {
  public:
@@ -71,6 +84,7 @@ class Backend {
   // Releases an offset returned by alloc; returns its size (0 if unknown).
   size_t release(size_t offset);
   size_t allocated_bytes() const;
+  size_t allocation_count() const;
   size_t largest_free_block() const;
 
   // All-gather of one int64 among `members` participants of rendezvous `key`. Calls pair

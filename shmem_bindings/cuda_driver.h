@@ -35,6 +35,7 @@ struct Table {
   CUresult (*cuCtxSynchronize)();
   CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleUnload)(CUmodule);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*cuModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*);
   CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
@@ -43,6 +44,8 @@ struct Table {
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
   CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
   CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+  CUresult (*cuMemHostAlloc)(void**, size_t, unsigned);
+  CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
   CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
@@ -103,6 +106,7 @@ inline const Table* Load() {
         Resolve(lib, t->cuCtxSynchronize, "cuCtxSynchronize") &&
         Resolve(lib, t->cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess") &&
         Resolve(lib, t->cuModuleLoadData, "cuModuleLoadData") &&
+        Resolve(lib, t->cuModuleUnload, "cuModuleUnload") &&
         Resolve(lib, t->cuModuleGetFunction, "cuModuleGetFunction") &&
         Resolve(lib, t->cuModuleGetGlobal, "cuModuleGetGlobal_v2", "cuModuleGetGlobal") &&
         Resolve(lib, t->cuFuncSetAttribute, "cuFuncSetAttribute") &&
@@ -111,6 +115,9 @@ inline const Table* Load() {
         Resolve(lib, t->cuMemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD") &&
         Resolve(lib, t->cuMemcpyDtoH, "cuMemcpyDtoH_v2", "cuMemcpyDtoH") &&
         Resolve(lib, t->cuMemsetD8, "cuMemsetD8_v2", "cuMemsetD8") &&
+        Resolve(lib, t->cuMemHostAlloc, "cuMemHostAlloc") &&
+        Resolve(lib, t->cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2",
+                "cuMemHostGetDevicePointer") &&
         Resolve(lib, t->cuMemcpyAsync, "cuMemcpyAsync") &&
         Resolve(lib, t->cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync") &&
         Resolve(lib, t->cuMemsetD8Async, "cuMemsetD8Async") &&

@@ -31,9 +31,11 @@ class HostBackend final : public Backend {
 void signal_op(uintptr_t addr, uint64_t value, SignalOp op, int itemsize);
 uint64_t signal_fetch(uintptr_t addr, int itemsize);
 
-// WaitUntil on host memory.
+// WaitUntil on host memory (abandoned when the int64 at `abort_addr` reaches
+// `abort_epoch`; 0: no abort word).
 void wait_flags(const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed, Cmp cmp,
-                int64_t value, double timeout_s, const std::string& who);
+                int64_t value, double timeout_s, const std::string& who, uintptr_t abort_addr,
+                int64_t abort_epoch);
 
 void fence();
 

@@ -99,6 +99,7 @@ NB_MODULE(_shmem, m) {
 
   auto shmem_error = nb::exception<ShmemError>(m, "ShmemError", PyExc_RuntimeError);
   nb::exception<ShmemTimeout>(m, "ShmemTimeoutError", shmem_error.ptr());
+  nb::exception<ShmemAborted>(m, "ShmemAbortedError", shmem_error.ptr());
 
   // The C++ side of jax_triton_dist/shmem/signals.py, for the test that checks they agree.
   m.def("enum_values", [] {
@@ -170,6 +171,7 @@ NB_MODULE(_shmem, m) {
   m.def("release", [](size_t offset) { return Get().release(offset); }, "offset"_a);
   m.def("allocated_bytes", [] { return Get().allocated_bytes(); });
   m.def("largest_free_block", [] { return Get().largest_free_block(); });
+  m.def("allocation_count", [] { return Get().allocation_count(); });
 
   // Rendezvous among the PEs of this process (releases the GIL while waiting).
   m.def(
@@ -242,10 +244,14 @@ NB_MODULE(_shmem, m) {
   m.def(
       "wait_flags",
       [](std::vector<uintptr_t> addrs, int itemsize, bool is_signed, int cmp, int64_t value,
-         double timeout_s, std::string who) {
+         double timeout_s, std::string who, uintptr_t abort_addr, int64_t abort_epoch) {
         nb::gil_scoped_release release;
-        wait_flags(addrs, itemsize, is_signed, static_cast<Cmp>(cmp), value, timeout_s, who);
+        wait_flags(addrs, itemsize, is_signed, static_cast<Cmp>(cmp), value, timeout_s, who,
+                   abort_addr, abort_epoch);
       },
-      "addrs"_a, "itemsize"_a, "is_signed"_a, "cmp"_a, "value"_a, "timeout_s"_a, "who"_a);
+      "addrs"_a, "itemsize"_a, "is_signed"_a, "cmp"_a, "value"_a, "timeout_s"_a, "who"_a,
+      "abort_addr"_a = 0, "abort_epoch"_a = 0);
+  // Every wait and rendezvous, running or to come, raises ShmemAbortedError (at exit).
+  m.def("cancel_waits", &CancelWaits, "reason"_a);
   m.def("fence", &fence);
 }

@@ -78,7 +78,12 @@ def test_kernel_compiles_for_sm90(name):
     if "matmul" in name:
         assert "wgmma.mma_async" in ptx  # the GEMM tiles use Hopper's warpgroup MMA
     assert "release" in ptx and "atom.global.sys" in ptx  # dl.notify
-    assert "%globaltimer" in ptx and "trap;" in ptx  # the wait's watchdog
+    # The wait's watchdog records a timeout (a compare-and-swap on the error record, the
+    # team's abort words) and ends the launch: no trap, which would lose the CUDA context.
+    assert "%globaltimer" in ptx and "trap;" not in ptx
+    assert "atom.global.acq_rel.sys.cas" in ptx or "atom.acq_rel.sys.global.cas" in ptx or (
+        ".cas." in ptx)
+    assert "ld.volatile.global" in ptx  # the abort word, read while spinning
 
 
 def test_fence_lowers_to_ptx_fence():

@@ -31,6 +31,15 @@ def test_launcher_staging_slot_rule_is_the_abis():
     assert [device_abi.staging_slot(e, 0, 1) for e in range(4)] == [0, 1, 0, 1]
 
 
+@needs_launcher
+def test_launcher_error_record_is_the_abis():
+    layout = launcher.record_layout()
+    assert layout.pop("size") == device_abi.RECORD.size
+    assert layout == {name: device_abi.record_offset(name) for name in layout}
+    assert set(layout) >= {"status", "rank", "flag_index", "epoch", "site", "address",
+                           "expected", "seen"}
+
+
 def _reader_offsets(text: str) -> dict[str, tuple[str, int, bool]]:
     """``{field: (type, offset, volatile)}`` of the scalar readers in the LLVM text."""
     readers = {}
@@ -57,11 +66,13 @@ def test_llvm_readers_follow_the_header_layout():
 
 def test_packed_context_reads_back_at_the_abi_offsets():
     heaps, pes = [0x1000, 0x2000, 0x3000], [4, 5, 6]
-    raw = device_abi.pack_context(1, 3, 0xABC0, 7_000_000, heaps, pes)
+    raw = device_abi.pack_context(1, 3, 0xABC0, 7_000_000, heaps, pes, error_record=0xE000,
+                                  abort_word=0xAB00, site=42)
     assert len(raw) == device_abi.context_size(3)
     fields = dict(zip([f[0] for f in HEADER_FIELDS], HEADER.unpack_from(raw), strict=True))
     assert fields == {"rank": 1, "num_ranks": 3, "epoch": 0, "reserved": 0,
-                      "barrier_area": 0xABC0, "timeout_ns": 7_000_000}
+                      "barrier_area": 0xABC0, "timeout_ns": 7_000_000, "error_record": 0xE000,
+                      "abort_word": 0xAB00, "site": 42}
     assert struct.unpack_from("<i", raw, device_abi.EPOCH_OFFSET) == (0,)
     assert list(np.frombuffer(raw, np.uint64, 3, HEADER.size)) == heaps
     assert list(np.frombuffer(raw, np.int32, 3, HEADER.size + 24)) == pes

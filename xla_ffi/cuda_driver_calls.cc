@@ -12,6 +12,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,28 @@ NB_MODULE(_cuda_driver, m) {
         return std::make_pair(static_cast<uint64_t>(addr), size);
       },
       "device"_a, "module"_a, "name"_a);
+  m.def(
+      "module_unload",
+      [](int device, uintptr_t module) {
+        DeviceScope scope(device);
+        Check(D().cuModuleUnload(reinterpret_cast<CUmodule>(module)), "cuModuleUnload");
+      },
+      "device"_a, "module"_a);
+  m.def(
+      "host_alloc_mapped",
+      [](int device, size_t nbytes) {
+        // Pinned host memory the device reads and writes (zeroed): (host, device) address.
+        DeviceScope scope(device);
+        void* host = nullptr;
+        Check(
+            D().cuMemHostAlloc(&host, nbytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+            "cuMemHostAlloc");
+        std::memset(host, 0, nbytes);
+        CUdeviceptr dev;
+        Check(D().cuMemHostGetDevicePointer(&dev, host, 0), "cuMemHostGetDevicePointer");
+        return std::make_pair(reinterpret_cast<uintptr_t>(host), static_cast<uint64_t>(dev));
+      },
+      "device"_a, "nbytes"_a);
   m.def(
       "alloc",
       [](int device, size_t nbytes) {

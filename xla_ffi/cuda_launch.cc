@@ -9,23 +9,34 @@
 // epoch into the rank context with a stream memory operation and launches the kernel on
 // XLA's stream. The first call of a (call site, device) asks the Python planner
 // (jax_triton_dist/runtime/cuda_dispatch.py) for a launch plan.
+//
+// A wait that times out on the GPU writes an error record into host-mapped memory and
+// lets the launch finish (no trap: the CUDA context survives); the next call of that call
+// site on that device reads the record (no device synchronisation) and fails with it.
 #include <cuda.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_driver.h"
+#include "site_uses.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -61,22 +72,63 @@ struct Param {
   int64_t size;    // bytes of the parameter; kStaged: bytes to copy
 };
 
+// device_abi.RECORD: what a wait that timed out leaves for the host (a test checks that
+// the layouts agree).
+struct ErrorRecord {
+  uint32_t status;  // 0 empty, 1 being written, 2 written
+  int32_t rank;
+  int32_t num_ranks;
+  int32_t flag_index;
+  int32_t epoch;
+  int32_t reserved;
+  int64_t site;
+  int64_t address;
+  int64_t expected;
+  int64_t seen;
+};
+constexpr uint32_t kRecordWritten = 2;
+
 struct Plan {
+  CUmodule module;
   CUfunction function;
   unsigned grid[3];
   unsigned block;
   unsigned shared;
   std::vector<Param> params;
   CUdeviceptr epoch_addr;
+  volatile ErrorRecord* record;  // host view of the device's error record
+  std::string label;             // the kernel, for the error message
   uint32_t epoch = 0;
   std::mutex mu;  // one device runs one call site's launches in order; guards `epoch`
 };
+
+// The failure recorded in `r` (by a wait of call site `site`, or of any), formatted with the
+// kernel's `label`; the record is emptied, so that later failures are recorded too. ""
+// when there is none.
+std::string TakeFailure(volatile ErrorRecord* r, int64_t site, bool any_site,
+                        const std::string& label, int device) {
+  if (r == nullptr || r->status != kRecordWritten || (!any_site && r->site != site)) return "";
+  std::atomic_thread_fence(std::memory_order_acquire);
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "GPU %d: rank %d of %d, kernel %s: dl.wait timed out in call %d on flag %d "
+                "(address 0x%llx): expected %lld, saw %lld (the launch ended without a "
+                "trap; later calls run again)",
+                device, r->rank, r->num_ranks, label.c_str(), r->epoch, r->flag_index,
+                static_cast<unsigned long long>(r->address), static_cast<long long>(r->expected),
+                static_cast<long long>(r->seen));
+  r->status = 0;
+  return buf;
+}
 
 std::mutex g_plans_mu;
 std::map<std::pair<int64_t, int>, std::unique_ptr<Plan>> g_plans;
 // Plans dropped by clear_plans stay allocated: a handler may still hold a pointer.
 std::vector<std::unique_ptr<Plan>> g_retired;
 nb::object* g_planner = nullptr;  // leaked: must outlive interpreter shutdown
+// At interpreter exit no first call may enter Python to plan (see cpu_dispatch.cc).
+std::atomic<int> g_planning{0};
+std::atomic<bool> g_closing{false};
 
 Plan* FindPlan(int64_t call_id, int device) {
   std::lock_guard<std::mutex> lock(g_plans_mu);
@@ -96,6 +148,11 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
     // needed on the host once, so wait for them; then plan in Python.
     auto coords = args.get<ffi::AnyBuffer>(0);
     if (!coords.has_value()) return coords.error();
+    g_planning.fetch_add(1);
+    struct Done {
+      ~Done() { g_planning.fetch_sub(1); }
+    } done;
+    if (g_closing.load()) return Fail("the interpreter is exiting; the kernel did not run");
     try {
       Check(D().cuStreamSynchronize(stream), "cuStreamSynchronize");
       nb::gil_scoped_acquire gil;
@@ -111,6 +168,10 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
   }
 
   std::lock_guard<std::mutex> lock(plan->mu);
+  if (std::string failure = TakeFailure(plan->record, call_id, false, plan->label, device);
+      !failure.empty()) {
+    return Fail(failure);
+  }
   const uint32_t epoch = plan->epoch + 1;
   std::vector<uint64_t> storage(plan->params.size() + kTritonScratchParams, 0);
   std::vector<void*> pointers(plan->params.size() + kTritonScratchParams);
@@ -148,6 +209,9 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
 
 }  // namespace
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCudaInstantiate, site_uses::Instantiate,
+                              ffi::Ffi::BindInstantiate().Attr<int64_t>("call_id"));  // call site
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCudaLaunch, CudaLaunchImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<CUstream>>()  // XLA's stream
@@ -163,10 +227,13 @@ NB_MODULE(_cuda, m) {
   m.doc() = "CUDA launcher of jax_triton_dist (private; used by runtime/cuda_dispatch.py)";
 
   m.def("registrations", [] {
-    nb::dict targets;
-    targets["jtd_triton"] = nb::capsule(reinterpret_cast<void*>(kCudaLaunch));
+    nb::dict stages, targets;
+    stages["instantiate"] = nb::capsule(reinterpret_cast<void*>(kCudaInstantiate));
+    stages["execute"] = nb::capsule(reinterpret_cast<void*>(kCudaLaunch));
+    targets["jtd_triton"] = stages;
     return targets;
   });
+  jtd::site_uses::Bind(m);
   m.def(
       "set_planner",
       [](nb::object planner) {
@@ -176,12 +243,15 @@ NB_MODULE(_cuda, m) {
       "planner"_a, "Sets the Python planner of first calls (runtime/cuda_dispatch.plan).");
   m.def(
       "set_plan",
-      [](int64_t call_id, int device, uintptr_t function, std::vector<unsigned> grid,
-         unsigned block, unsigned shared,
+      [](int64_t call_id, int device, uintptr_t module, uintptr_t function,
+         std::vector<unsigned> grid, unsigned block, unsigned shared,
          std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>> params,
-         uint64_t epoch_addr) {
+         uint64_t epoch_addr, uintptr_t record, std::string label) {
         auto plan = std::make_unique<Plan>();
+        plan->module = reinterpret_cast<CUmodule>(module);
         plan->function = reinterpret_cast<CUfunction>(function);
+        plan->record = reinterpret_cast<volatile ErrorRecord*>(record);
+        plan->label = std::move(label);
         for (int i = 0; i < 3; ++i) plan->grid[i] = i < static_cast<int>(grid.size()) ? grid[i] : 1;
         plan->block = block;
         plan->shared = shared;
@@ -192,8 +262,63 @@ NB_MODULE(_cuda, m) {
         std::lock_guard<std::mutex> lock(g_plans_mu);
         g_plans[{call_id, device}] = std::move(plan);
       },
-      "call_id"_a, "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "params"_a,
-      "epoch_addr"_a);
+      "call_id"_a, "device"_a, "module"_a, "function"_a, "grid"_a, "block"_a, "shared"_a,
+      "params"_a, "epoch_addr"_a, "record"_a, "label"_a);
+  m.def(
+      "close",
+      [](double timeout_s) {
+        g_closing.store(true);
+        nb::gil_scoped_release release;  // a running plan needs the GIL to finish
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(timeout_s));
+        while (g_planning.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        return g_planning.load();
+      },
+      "timeout_s"_a,
+      "Stops first calls from planning in Python and waits up to timeout_s for the running "
+      "ones (interpreter exit); returns how many still run.");
+  m.def(
+      "drop_plans",
+      [](int64_t call_id) {
+        // No executable uses the call site any more, so no handler holds these plans.
+        std::lock_guard<std::mutex> lock(g_plans_mu);
+        std::vector<std::pair<int, uintptr_t>> dropped;
+        for (auto it = g_plans.begin(); it != g_plans.end();) {
+          if (it->first.first == call_id) {
+            dropped.emplace_back(it->first.second, reinterpret_cast<uintptr_t>(it->second->module));
+            it = g_plans.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        return dropped;
+      },
+      "call_id"_a, "Forgets a call site's plans; returns their (device, module) to unload.");
+  m.def(
+      "take_failure",
+      [](uintptr_t record, int device, int64_t site, bool any_site, const std::string& label) {
+        return TakeFailure(reinterpret_cast<volatile ErrorRecord*>(record), site, any_site, label,
+                           device);
+      },
+      "record"_a, "device"_a, "site"_a, "any_site"_a, "label"_a,
+      "The failure in a host-mapped error record (of `site`, or of any), emptying it; \"\" "
+      "if none.");
+  m.def("record_layout", [] {
+    nb::dict layout;
+    layout["size"] = sizeof(ErrorRecord);
+    layout["status"] = offsetof(ErrorRecord, status);
+    layout["rank"] = offsetof(ErrorRecord, rank);
+    layout["flag_index"] = offsetof(ErrorRecord, flag_index);
+    layout["epoch"] = offsetof(ErrorRecord, epoch);
+    layout["site"] = offsetof(ErrorRecord, site);
+    layout["address"] = offsetof(ErrorRecord, address);
+    layout["expected"] = offsetof(ErrorRecord, expected);
+    layout["seen"] = offsetof(ErrorRecord, seen);
+    return layout;
+  });
   m.def(
       "clear_plans",
       [] {

@@ -3,9 +3,10 @@
 The rank context comes from the device library that ``device_abi`` generates, linked into
 every kernel through Triton's ``extern_libs``; the runtime points the module global
 ``device_abi.CTX_SYMBOL`` of each loaded copy of a kernel at that rank's context. Waits
-spin on acquire loads with a ``%globaltimer`` watchdog that prints the rank, the flag, the
-expected and the seen value and traps, so a lost signal fails the launch instead of
-hanging it.
+spin on acquire loads with a ``%globaltimer`` watchdog: a wait that times out writes the
+rank, the flag, the expected and the seen value into the GPU's host-mapped error record
+and ends its launch (every rank of the team stops waiting), so a lost signal fails the
+call instead of hanging it, and the CUDA context survives.
 
 Used only by ``primitives.py`` (the builtins' compiled branch); not public API.
 """
@@ -242,14 +243,20 @@ def _globaltimer(_semantic=None):
 
 
 @core.extern
-def _trap(_semantic=None):
-    return core.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                       is_pure=False, pack=1, _semantic=_semantic)
+def _timeout_ns(_semantic=None):
+    return _ctx_call("jtd_timeout_ns", tl.int64, [], (), _semantic)
 
 
 @core.extern
-def _timeout_ns(_semantic=None):
-    return _ctx_call("jtd_timeout_ns", tl.int64, [], (), _semantic)
+def _context_address(field, _semantic=None):
+    """An address held in the rank context (``error_record``, ``abort_word``) as int64."""
+    field = field.value if isinstance(field, tl.constexpr) else field
+    return _ctx_call(f"jtd_{field}", tl.int64, [], (), _semantic)
+
+
+@core.extern
+def _site(_semantic=None):
+    return _ctx_call("jtd_site", tl.int64, [], (), _semantic)
 
 
 @core.extern
@@ -257,19 +264,77 @@ def _rank(_semantic=None):
     return rank(_semantic)
 
 
+@core.extern
+def _num_ranks(_semantic=None):
+    return num_ranks(_semantic)
+
+
+@core.extern
+def _epoch(_semantic=None):
+    return epoch(_semantic)
+
+
+@core.extern
+def _on_rank(ptr, peer, _semantic=None):
+    return symm_at(ptr, peer, _semantic)
+
+
+# The error record's fields, as element indices of 32- and 64-bit views (device_abi.RECORD).
+_REC_RANK = tl.constexpr(device_abi.record_offset("rank") // 4)
+_REC_NUM_RANKS = tl.constexpr(device_abi.record_offset("num_ranks") // 4)
+_REC_FLAG = tl.constexpr(device_abi.record_offset("flag_index") // 4)
+_REC_EPOCH = tl.constexpr(device_abi.record_offset("epoch") // 4)
+_REC_SITE = tl.constexpr(device_abi.record_offset("site") // 8)
+_REC_ADDRESS = tl.constexpr(device_abi.record_offset("address") // 8)
+_REC_EXPECTED = tl.constexpr(device_abi.record_offset("expected") // 8)
+_REC_SEEN = tl.constexpr(device_abi.record_offset("seen") // 8)
+_WRITING = tl.constexpr(int(device_abi.RecordStatus.WRITING))
+_WRITTEN = tl.constexpr(int(device_abi.RecordStatus.WRITTEN))
+
+
+@triton.jit
+def _announce_timeout(index, flag, target, seen, epoch):
+    """Writes the timed-out wait into the GPU's error record (the first wait to time out
+    does), then raises every team rank's abort word to ``epoch``: their waits of this call
+    end too, and the launch finishes."""
+    record = _context_address("error_record")
+    if record != 0:
+        words = record.to(tl.pointer_type(tl.int32))
+        if tl.atomic_cas(words, 0, _WRITING, sem="acq_rel", scope="sys") == 0:
+            tl.store(words + _REC_RANK, _rank())
+            tl.store(words + _REC_NUM_RANKS, _num_ranks())
+            tl.store(words + _REC_FLAG, index)
+            tl.store(words + _REC_EPOCH, epoch)
+            longs = record.to(tl.pointer_type(tl.int64))
+            tl.store(longs + _REC_SITE, _site())
+            tl.store(longs + _REC_ADDRESS, flag.to(tl.int64, bitcast=True))
+            tl.store(longs + _REC_EXPECTED, target.to(tl.int64))
+            tl.store(longs + _REC_SEEN, seen.to(tl.int64))
+            tl.atomic_xchg(words, _WRITTEN, sem="release", scope="sys")
+    abort = _context_address("abort_word").to(tl.pointer_type(tl.int64))
+    for peer in range(0, _num_ranks()):
+        tl.atomic_max(_on_rank(abort, peer), epoch.to(tl.int64), sem="release", scope="sys")
+
+
 @triton.jit
 def wait_loop(flag_ptr, n, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
-    """Spins until each of ``n`` consecutive flags from ``flag_ptr`` satisfies ``CMP value``."""
+    """Spins until each of ``n`` consecutive flags from ``flag_ptr`` satisfies ``CMP value``,
+    or this call is abandoned: the wait times out (it records why and aborts the team) or
+    this rank's abort word reaches the call's epoch (a peer's wait timed out)."""
     timeout = _timeout_ns()
     target = tl.cast(value, flag_ptr.dtype.element_ty)
+    epoch = _epoch()
+    abort = _context_address("abort_word").to(tl.pointer_type(tl.int64))
     for i in range(0, n):
         start = _globaltimer()
         seen = tl.atomic_add(flag_ptr + i, 0, sem=SEM, scope=SCOPE)
-        while fails(seen, target, CMP):
-            if _globaltimer() - start > timeout:
-                tl.device_print("jax_triton_dist dl.wait timed out: rank, flag, expected, seen",
-                                _rank(), i, target, seen)
-                _trap()
+        stop = 0
+        while fails(seen, target, CMP) & (stop == 0):
+            if tl.load(abort, volatile=True) >= epoch:
+                stop = 1
+            elif _globaltimer() - start > timeout:
+                _announce_timeout(i, flag_ptr + i, target, seen, epoch)
+                stop = 1
             seen = tl.atomic_add(flag_ptr + i, 0, sem=SEM, scope=SCOPE)
     tl.debug_barrier()
     return 0

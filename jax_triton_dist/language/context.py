@@ -33,6 +33,8 @@ class RankContext:
         ``dl.barrier_all``.
       timeout: seconds a wait may take.
       label: names the kernel, for error messages.
+      abort_word: address (this rank's heap) of the team's int64 abort word: waits of
+        epoch ``e`` give up once it reaches ``e`` (a rank of the call failed); 0: none.
     """
 
     rank: int
@@ -45,6 +47,7 @@ class RankContext:
     barrier_area: int
     timeout: float
     label: str
+    abort_word: int = 0
 
     def who(self) -> str:
         """``"rank R of N (PE P), kernel K"`` for error messages."""

@@ -6,6 +6,9 @@
   loaded copy of a kernel at its rank's context). Its layout is :data:`HEADER` (scalar
   fields) followed by ``heap_base[num_ranks]`` (int64) and ``pe[num_ranks]`` (int32). The
   LLVM library that reads it (:func:`llvm_library`) is generated from this layout.
+* **The error record** (:data:`RECORD`): a block of host-mapped memory per GPU where a
+  wait that timed out writes what it waited for (instead of trapping, which would lose
+  the CUDA context); the launcher reads it without synchronising the device.
 * **Parameter kinds** of a launch plan (:class:`ParamKind`): what the C++ handler puts in
   each kernel parameter (``xla_ffi/cuda_launch.cc`` has the same enum; a test checks it).
 * **The staging-slot rule** (:func:`staging_slot`): symmetric arguments alternate between
@@ -26,7 +29,8 @@ import tempfile
 from collections.abc import Sequence
 
 __all__ = ["CTX_SYMBOL", "HEADER", "HEADER_FIELDS", "EPOCH_OFFSET", "ParamKind",
-           "context_size", "pack_context", "staging_slot", "llvm_library", "library_path",
+           "RECORD", "RECORD_FIELDS", "RecordStatus", "record_offset", "context_size",
+           "pack_context", "staging_slot", "llvm_library", "library_path",
            "ASCEND_TRAILING_ARGS", "ASCEND_WAIT_LANES"]
 
 CTX_SYMBOL = "jtd_ctx"
@@ -40,6 +44,9 @@ HEADER_FIELDS = (
     ("reserved", "i", "i32", False),
     ("barrier_area", "q", "i64", False),  # address of num_ranks u64 counters
     ("timeout_ns", "q", "i64", False),  # dl.wait watchdog
+    ("error_record", "q", "i64", False),  # device address of the GPU's RECORD (0: none)
+    ("abort_word", "q", "i64", False),  # this rank's int64 abort word (symmetric)
+    ("site", "q", "i64", False),  # the call site's id, for the record
 )
 HEADER = struct.Struct("<" + "".join(code for _, code, _, _ in HEADER_FIELDS))
 """The context's scalar fields, little-endian, in the order of :data:`HEADER_FIELDS`."""
@@ -85,6 +92,41 @@ even a volatile one, is served from the scalar cache, so a spin must load a bloc
 runtime leaves ``8 * ASCEND_WAIT_LANES`` bytes after every region of flags."""
 
 
+RECORD_FIELDS = (
+    # (name, struct code): what a wait that timed out leaves for the host
+    ("status", "I"),  # RecordStatus
+    ("rank", "i"),
+    ("num_ranks", "i"),
+    ("flag_index", "i"),
+    ("epoch", "i"),
+    ("reserved", "i"),
+    ("site", "q"),
+    ("address", "q"),  # the flag's device address
+    ("expected", "q"),
+    ("seen", "q"),
+)
+RECORD = struct.Struct("<" + "".join(code for _, code in RECORD_FIELDS))
+"""The error record's layout (the C++ launcher has the same struct; a test checks)."""
+
+
+class RecordStatus(enum.IntEnum):
+    """``status`` of the error record."""
+
+    EMPTY = 0
+    WRITING = 1  # a wait claimed it and is writing the fields
+    WRITTEN = 2
+
+
+def record_offset(name: str) -> int:
+    """Byte offset of field ``name`` in the error record."""
+    offset = 0
+    for field, code in RECORD_FIELDS:
+        if field == name:
+            return offset
+        offset += struct.calcsize("<" + code)
+    raise KeyError(name)
+
+
 def staging_slot(epoch: int, even: int, odd: int) -> int:
     """The slot a symmetric argument is staged into for call ``epoch``: ``even`` for even
     epochs, ``odd`` for odd ones, so a rank one call ahead never overwrites the slot a
@@ -98,13 +140,15 @@ def context_size(num_ranks: int) -> int:
 
 
 def pack_context(rank: int, num_ranks: int, barrier_area: int, timeout_ns: int,
-                 heap_bases: Sequence[int], pes: Sequence[int]) -> bytes:
+                 heap_bases: Sequence[int], pes: Sequence[int], *, error_record: int = 0,
+                 abort_word: int = 0, site: int = 0) -> bytes:
     """The context of ``rank`` (epoch 0: the launcher writes it per call)."""
     if len(heap_bases) != num_ranks or len(pes) != num_ranks:
         raise ValueError(f"pack_context: {len(heap_bases)} heap bases and {len(pes)} PEs for "
                          f"{num_ranks} ranks")
     values = {"rank": rank, "num_ranks": num_ranks, "epoch": 0, "reserved": 0,
-              "barrier_area": barrier_area, "timeout_ns": timeout_ns}
+              "barrier_area": barrier_area, "timeout_ns": timeout_ns,
+              "error_record": error_record, "abort_word": abort_word, "site": site}
     header = HEADER.pack(*(values[name] for name, _, _, _ in HEADER_FIELDS))
     return header + struct.pack(f"<{num_ranks}Q{num_ranks}i", *heap_bases, *pes)
 

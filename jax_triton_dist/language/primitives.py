@@ -28,6 +28,7 @@ import triton.language as tl
 from triton.runtime import interpreter as _interp
 
 from jax_triton_dist.language import ascend as _ascend
+from jax_triton_dist.language import bounds
 from jax_triton_dist.language import compiled as _compiled
 from jax_triton_dist.language.context import current
 from jax_triton_dist.shmem.signals import Cmp, SignalOp
@@ -236,9 +237,11 @@ def _wait_interp(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="
     count = _scalar_int(n, "n")
     addresses, element = _flag_addresses(flag_ptrs, count, "wait")
     expected = _scalar_int(value, "value")
+    itemsize = element.primitive_bitwidth // 8
+    bounds.check(np.array(addresses, np.uint64), None, itemsize, "dl.wait", str(element))
     who = f"{ctx.who()}: dl.wait(cmp={cmp!r})"
-    _host_atomics().wait_flags(addresses, element.primitive_bitwidth // 8,
-                            element.is_int_signed(), CMPS[cmp], expected, ctx.timeout, who)
+    _host_atomics().wait_flags(addresses, itemsize, element.is_int_signed(), CMPS[cmp],
+                               expected, ctx.timeout, who, ctx.abort_word, ctx.epoch)
     return _scalar(0, tl.int32)
 
 
@@ -268,7 +271,9 @@ def _notify_interp(ptr, peer, signal=1, sig_op="set", scope="gpu"):
         raise TypeError(f"{current().who()}: dl.notify: flags must be 32- or 64-bit integers, "
                         f"got {element}")
     value = _scalar_int(signal, "signal") & ((1 << element.primitive_bitwidth) - 1)
-    for address in _translate(data, peer, "notify").reshape(-1):
+    remote = _translate(data, peer, "notify")
+    bounds.check(remote, None, element.primitive_bitwidth // 8, "dl.notify", str(element))
+    for address in remote.reshape(-1):
         _host_atomics().signal_op(int(address), value, SIG_OPS[sig_op],
                                element.primitive_bitwidth // 8)
 

@@ -6,6 +6,9 @@ joins its team (the devices that share every mesh coordinate but the kernel's
 axis), and runs the kernel. The first run of a team allocates its symmetric
 region (workspaces, barrier counters, staging for symmetric arguments) once;
 later runs only count epochs, with no synchronisation between ranks.
+
+A site lives as long as an executable uses it (``runtime/site_uses.py`` follows XLA's
+executables): :func:`release` then frees its regions and the backends' launch plans.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from jax_triton_dist import shmem
 from jax_triton_dist.shmem import heap, lifetime
 from jax_triton_dist.shmem.settings import aligned
 
-__all__ = ["ArraySpec", "CallSite", "TeamState", "allocate_region", "local_pes", "find",
-           "lookup", "register"]
+__all__ = ["ArraySpec", "RegionLayout", "CallSite", "TeamState", "allocate_region",
+           "local_pes", "find", "lookup", "register", "release", "on_release", "live_sites",
+           "abandon_joins"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +44,17 @@ class ArraySpec:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+@dataclasses.dataclass(frozen=True)
+class RegionLayout:
+    """Byte offsets inside a call site's symmetric region (the same on every rank)."""
+
+    barrier: int  # num_ranks uint64 counters of dl.barrier_all
+    abort: int  # one int64: the highest epoch in which a rank of the team failed
+    workspaces: list[int]
+    staging: dict[int, tuple[int, int]]  # operand -> (slot of even epochs, of odd ones)
+    total: int
+
+
 @dataclasses.dataclass
 class TeamState:
     """The ranks of one team at one call site, and their symmetric region."""
@@ -47,8 +62,10 @@ class TeamState:
     pes: list[int | None]
     generation: int  # SHMEM generation the region belongs to
     region: Any = None  # the backend's description of the team's symmetric region
+    offset: int | None = None  # the region's heap offset (what release() frees)
     name: str = ""  # teams across processes: the name of their rendezvous
     epochs: dict[int, int] = dataclasses.field(default_factory=dict)
+    failures: dict[int, str] = dataclasses.field(default_factory=dict)  # epoch -> why
 
     @property
     def ready(self) -> bool:
@@ -88,15 +105,17 @@ class CallSite:
     workspaces: list[ArraySpec]
     kwargs: dict[str, Any]
     options: dict[str, int] = dataclasses.field(default_factory=dict)
+    call_id: int = 0  # set by register()
     teams: dict[tuple[int, ...], TeamState] = dataclasses.field(default_factory=dict)
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
-    # -- symmetric region layout: [barrier counters | workspaces | staging x2] --
+    # -- symmetric region: [barrier counters, abort word | workspaces | staging x2] --
 
     @functools.cached_property
-    def region_layout(self) -> tuple[int, list[int], dict[int, tuple[int, int]], int]:
-        """Offsets inside the region: barrier area, workspaces, staging slots; total size."""
-        cursor = aligned(8 * self.num_ranks)
+    def region_layout(self) -> RegionLayout:
+        """Offsets inside the region: barrier area, abort word, workspaces, staging slots;
+        total size."""
+        cursor = aligned(8 * self.num_ranks + 8)
         workspace_offsets = []
         for spec in self.workspaces:
             workspace_offsets.append(cursor)
@@ -106,7 +125,7 @@ class CallSite:
             size = aligned(self.inputs[index].nbytes)
             staging[index] = (cursor, cursor + size)
             cursor += 2 * size
-        return 0, workspace_offsets, staging, cursor
+        return RegionLayout(0, 8 * self.num_ranks, workspace_offsets, staging, cursor)
 
     def join(self, coords: tuple[int, ...], pe: int, timeout: float,
              allocate: Callable[[CallSite, TeamState], Any]) -> tuple[int, TeamState]:
@@ -140,13 +159,17 @@ class CallSite:
             deadline = time.monotonic() + timeout
             while not team.ready:
                 remaining = deadline - time.monotonic()
+                if _abandoned.is_set():
+                    raise shmem.ShmemAbortedError(
+                        f"kernel {self.label}: rank {rank} (PE {pe}) stopped waiting for the "
+                        f"first run of its team: {_abandoned.reason}")
                 if remaining <= 0:
                     missing = [r for r, p in enumerate(team.pes) if p is None]
                     raise shmem.ShmemTimeoutError(
                         f"kernel {self.label}: rank {rank} (PE {pe}) waited {timeout:.1f} s for "
                         f"the first run of its team; ranks {missing} never arrived"
                     )
-                self.cond.wait(remaining)
+                self.cond.wait(min(remaining, 0.05))  # now and then: abandon_joins()
         return rank, team
 
 
@@ -182,12 +205,27 @@ def allocate_region(site: CallSite, team: TeamState, extra: int = 0) -> int:
     """The team's symmetric region (``site.region_layout`` plus ``extra`` bytes): one
     offset reserved in every PE heap, zeroed on the team's members (those of this
     process). Returns the offset."""
-    _, _, _, total = site.region_layout
-    total = aligned(total) + extra
+    total = aligned(site.region_layout.total) + extra
     offset = heap.reserve(total, f"kernel {site.label}'s workspaces")
     for pe in local_pes(team):
         heap.memset(pe, heap.heap_base(pe) + offset, 0, total)
+    team.offset = offset
     return offset
+
+
+class _Abandoned(threading.Event):
+    """Set when every join must give up (the interpreter is exiting); says why."""
+
+    reason = ""
+
+
+_abandoned = _Abandoned()
+
+
+def abandon_joins(reason: str) -> None:
+    """Makes every waiting and future :meth:`CallSite.join` raise ShmemAbortedError."""
+    _abandoned.reason = reason
+    _abandoned.set()
 
 
 _sites: dict[int, CallSite] = {}
@@ -199,6 +237,7 @@ def register(site: CallSite) -> int:
     """Stores ``site``; returns its id (the custom call's ``call_id`` attribute)."""
     with _lock:
         call_id = next(_ids)
+        site.call_id = call_id
         _sites[call_id] = site
     return call_id
 
@@ -212,6 +251,46 @@ def lookup(call_id: int) -> CallSite:
     """The call site of ``call_id``."""
     site = find(call_id)
     if site is None:
-        raise RuntimeError(f"unknown jax_triton_dist call site {call_id}")
+        raise RuntimeError(f"unknown jax_triton_dist call site {call_id} (released: no "
+                           "executable used it any more)")
     return site
+
+
+_releasers: list[Callable[[int, CallSite], None]] = []
+
+
+def on_release(hook: Callable[[int, CallSite], None]) -> None:
+    """Runs ``hook(call_id, site)`` when a site is released, before its regions are freed
+    (a backend drops its launch plans, after its devices finished with the site)."""
+    if hook not in _releasers:
+        _releasers.append(hook)
+
+
+def release(call_id: int) -> None:
+    """Forgets the site and frees its teams' regions (of the current SHMEM instance).
+
+    Teams that span processes keep their region: releasing is not collective, and every
+    process must keep making the same allocations in the same order.
+    """
+    with _lock:
+        site = _sites.pop(call_id, None)
+    if site is None:
+        return
+    for hook in _releasers:
+        hook(call_id, site)
+    if heap.running_backend() is None:
+        return
+    for team in site.teams.values():
+        if team.offset is not None and not team.name and team.generation == lifetime.generation():
+            heap.release(team.offset)
+            team.offset = None
+
+
+def live_sites() -> tuple[int, int]:
+    """``(call sites, team regions)`` held now."""
+    with _lock:
+        sites = list(_sites.values())
+    regions = sum(1 for site in sites for team in site.teams.values()
+                  if team.offset is not None and team.generation == lifetime.generation())
+    return len(sites), regions
 

@@ -1,68 +1,138 @@
 """CPU backend: runs one rank of a call site in Triton's interpreter.
 
 ``dispatch`` is what the C++ FFI handler (xla_ffi/cpu_dispatch.cc) calls on the
-XLA thread of each CPU device.
+XLA thread of each CPU device. Every load and store of the kernel is checked against
+the launch's buffers (``language/bounds.py``). A rank that fails raises its team's
+abort word to its epoch, so that its peers stop waiting for it at once; at interpreter
+exit, dispatches are drained before Python finalises (``_close_at_exit``).
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import inspect
+import io
+import sys
 import threading
 import traceback
 
 import numpy as np
 from triton.runtime.errors import InterpreterError
 
-from jax_triton_dist import shmem
-from jax_triton_dist.language import context
+from jax_triton_dist import _ffi, shmem
+from jax_triton_dist.language import bounds, context
 from jax_triton_dist.language.device_abi import staging_slot
-from jax_triton_dist.runtime import call_site, interpreter
-from jax_triton_dist.shmem import heap
+from jax_triton_dist.runtime import call_site, interpreter, site_uses
+from jax_triton_dist.shmem import heap, host_atomics, settings
 
-__all__ = ["dispatch"]
+__all__ = ["dispatch", "EXIT_GRACE_S"]
+
+EXIT_GRACE_S = 5.0
+"""Seconds running dispatches get to finish at interpreter exit before their waits are
+cancelled."""
 
 _init_lock = threading.Lock()
+_exit_hook = threading.Event()  # set once _close_at_exit is registered
 
 
 def _ensure_shmem(device_ordinal: int) -> None:
     with _init_lock:
         if heap.running_backend() is None:
+            env = settings.backend_from_env()
+            if env not in (None, "host"):
+                raise shmem.ShmemError(
+                    f"{settings.BACKEND_ENV}={env!r}, but a CPU device runs a distributed "
+                    "kernel, which needs the 'host' backend: unset the variable or set host")
             shmem.init(backend="host")
+        if not _exit_hook.is_set():
+            atexit.register(_close_at_exit)
+            _exit_hook.set()
     if heap.running_backend() != "host":
         raise shmem.ShmemError(
             f"SHMEM runs the {heap.running_backend()!r} backend, but a CPU device runs a "
-            "distributed kernel (it needs 'host'): finalize SHMEM before switching platforms"
-        )
+            "distributed kernel (it needs 'host'): finalize SHMEM before switching platforms")
     if device_ordinal >= shmem.n_pes():
         raise shmem.ShmemError(
             f"SHMEM was initialised with {shmem.n_pes()} PEs, but CPU device {device_ordinal} "
             "runs a distributed kernel; initialise with n_pes >= the number of CPU devices "
-            "(or let the runtime initialise SHMEM)"
-        )
+            "(or let the runtime initialise SHMEM)")
+
+
+def _close_at_exit() -> None:
+    """Lets running dispatches finish (or abandons their waits), so that no device thread
+    is in Python when it finalises."""
+    interrupted = _exiting_on_keyboard_interrupt()
+    if _ffi.close(EXIT_GRACE_S):
+        host_atomics.cancel_waits("the interpreter is exiting")
+        call_site.abandon_joins("the interpreter is exiting")
+        _ffi.close(2 * shmem.wait_timeout())
+    if interrupted:
+        _keep_keyboard_interrupt_status()
+
+
+def _exiting_on_keyboard_interrupt() -> bool:
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return isinstance(last, KeyboardInterrupt)
+
+
+def _keep_keyboard_interrupt_status() -> None:
+    """An uncaught KeyboardInterrupt makes Python exit by SIGINT (status 130), but any
+    ``exec``/``eval`` run meanwhile (the interpreter's kernel code did, on device threads)
+    clears the flag that says so. Raising it once more through ``PyRun_SimpleString`` sets
+    the flag again (its traceback is not shown)."""
+    stderr, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        ctypes.pythonapi.PyRun_SimpleString(b"raise KeyboardInterrupt")
+    finally:
+        sys.stderr = stderr
 
 
 def _kernel_args(site: call_site.CallSite, pe: int, epoch: int, region: int,
-                 arg_ptrs: list[int], ret_ptrs: list[int]) -> list:
+                 arg_ptrs: list[int], ret_ptrs: list[int]) -> tuple[list, list[bounds.Buffer]]:
+    """The kernel's arguments, and the buffers of this rank they reach."""
     base = heap.heap_base(pe) + region
-    _, workspace_offsets, staging, _ = site.region_layout
-    args = []
-    for kind, value in site.params:
+    layout = site.region_layout
+    names = list(inspect.signature(site.kernel.fn).parameters)
+    args, buffers = [], []
+    for position, (kind, value) in enumerate(site.params):
+        name = f"`{names[position]}`" if position < len(names) else f"argument {position}"
         if kind == "scalar":
             args.append(value)
-        elif kind == "output":
-            args.append(interpreter.Pointer(ret_ptrs[value], site.outputs[value].dtype))
+            continue
+        if kind == "output":
+            spec, address = site.outputs[value], ret_ptrs[value]
+            what = f"result {value} {name}"
         elif kind == "workspace":
-            spec = site.workspaces[value]
-            args.append(interpreter.Pointer(base + workspace_offsets[value], spec.dtype))
+            spec, address = site.workspaces[value], base + layout.workspaces[value]
+            what = f"workspace {value} {name}"
         else:  # operand; operand 0 holds the mesh coordinates
-            spec = site.inputs[value]
-            address = arg_ptrs[value + 1]
-            if value in staging:
-                slot = base + staging_slot(epoch, *staging[value])
-                heap.copy(pe, slot, address, spec.nbytes)
-                address = slot
-            args.append(interpreter.Pointer(address, spec.dtype))
-    return args
+            spec, address = site.inputs[value], arg_ptrs[value + 1]
+            what = f"operand {value} {name}"
+            if value in layout.staging:
+                address = base + staging_slot(epoch, *layout.staging[value])
+                heap.copy(pe, address, arg_ptrs[value + 1], spec.nbytes)
+                what += " (its symmetric copy)"
+        args.append(interpreter.Pointer(address, spec.dtype))
+        buffers.append(bounds.Buffer(address, spec.nbytes, what))
+    return args, buffers
+
+
+def _team_buffers(site: call_site.CallSite, team: call_site.TeamState) -> list[bounds.Buffer]:
+    """Each team rank's symmetric region (what symm_at reaches)."""
+    return [bounds.Buffer(heap.heap_base(pe) + team.region, site.region_layout.total,
+                          f"the symmetric region of rank {rank} (workspaces, staging)")
+            for rank, pe in enumerate(team.pes)]
+
+
+def _abort_team(site: call_site.CallSite, team: call_site.TeamState, rank: int, epoch: int,
+                message: str) -> None:
+    """Raises every team rank's abort word to ``epoch``: their waits of this call give up."""
+    team.failures.setdefault(epoch, f"rank {rank} failed: {message}")
+    for pe in team.pes:
+        word = heap.heap_base(pe) + team.region + site.region_layout.abort
+        if int(shmem.as_array(word, 1, np.int64)[0]) < epoch:
+            host_atomics.signal_op(word, epoch, shmem.SignalOp.SET, 8)
 
 
 def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int]) -> None:
@@ -70,10 +140,13 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
     _ensure_shmem(device_ordinal)
     coords = shmem.as_array(arg_ptrs[0], (len(site.mesh_axes),), np.int32)
     timeout = shmem.wait_timeout()
-    rank, team = site.join(tuple(int(c) for c in coords), device_ordinal, timeout,
-                           call_site.allocate_region)
+    key = tuple(int(c) for c in coords)
+    if not site.teams:
+        site_uses.drain()  # regions of executables that are gone make room first
+    rank, team = site.join(key, device_ordinal, timeout, call_site.allocate_region)
     epoch = team.epochs.get(device_ordinal, 0) + 1
     team.epochs[device_ordinal] = epoch
+    base = heap.heap_base(device_ordinal) + team.region
     ctx = context.RankContext(
         rank=rank,
         num_ranks=site.num_ranks,
@@ -82,13 +155,25 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
         heap_bases=np.array([heap.heap_base(p) for p in team.pes], dtype=np.uint64),
         heap_size=heap.heap_size(),
         epoch=epoch,
-        barrier_area=heap.heap_base(device_ordinal) + team.region,
+        barrier_area=base + site.region_layout.barrier,
         timeout=timeout,
         label=site.label,
+        abort_word=base + site.region_layout.abort,
     )
-    args = _kernel_args(site, device_ordinal, epoch, team.region, arg_ptrs, ret_ptrs)
-    with shmem.as_pe(device_ordinal), context.active(ctx):
-        interpreter.launch(site.kernel, site.grid, args, site.kwargs)
+    try:
+        args, buffers = _kernel_args(site, device_ordinal, epoch, team.region, arg_ptrs,
+                                     ret_ptrs)
+        limits = bounds.Bounds(buffers + _team_buffers(site, team), ctx.who()) if (
+            bounds.enabled()) else None
+        with shmem.as_pe(device_ordinal), context.active(ctx), bounds.checking(limits):
+            interpreter.launch(site.kernel, site.grid, args, site.kwargs)
+    except shmem.ShmemAbortedError as error:
+        cause = team.failures.get(epoch)
+        raise shmem.ShmemAbortedError(f"{error}: {cause}" if cause else str(error)
+                                      ).with_traceback(error.__traceback__) from None
+    except Exception as error:
+        _abort_team(site, team, rank, epoch, f"{type(error).__name__}: {error}")
+        raise
 
 
 def _kernel_frame(site: call_site.CallSite, error: BaseException) -> str:

@@ -12,6 +12,8 @@ plans (after the GPUs finish their work), so the next call plans again in the ne
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import struct
 import threading
 from typing import Any
@@ -21,7 +23,7 @@ import numpy as np
 from jax_triton_dist import dtypes, shmem
 from jax_triton_dist.language import device_abi
 from jax_triton_dist.language.device_abi import ParamKind
-from jax_triton_dist.runtime import call_site, cuda_compile, cuda_driver
+from jax_triton_dist.runtime import call_site, cuda_compile, cuda_driver, site_uses
 from jax_triton_dist.shmem import heap, lifetime, nvshmem_bootstrap, rendezvous
 from jax_triton_dist.shmem.settings import aligned
 
@@ -31,11 +33,13 @@ except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
 __all__ = ["plan", "bind_context", "ensure_shmem", "regions", "compile_site",
-           "kernel_params", "launcher"]
+           "kernel_params", "launcher", "error_record", "take_failure", "check_errors"]
 
 _compile_lock = threading.Lock()
 _compiled: dict[int, Any] = {}
 _init_lock = threading.Lock()
+_records: dict[int, tuple[int, int]] = {}  # device -> (host, device) address of its record
+_exit_hook = threading.Event()  # set once the launcher's close is registered for exit
 
 
 def launcher():
@@ -54,12 +58,69 @@ def _drop_plans() -> None:
 lifetime.on_finalize(_drop_plans)
 
 
+def _release(call_id: int, site: call_site.CallSite) -> None:
+    """A released call site: its devices finish their work, its modules are unloaded."""
+    with _compile_lock:
+        _compiled.pop(call_id, None)
+    if _cuda is None or not cuda_driver.available():
+        return
+    drv = cuda_driver.driver()
+    for device, module in _cuda.drop_plans(call_id):
+        drv.device_synchronize(device)  # no launch of it still in flight
+        drv.module_unload(device, module)
+
+
+call_site.on_release(_release)
+
+
+def error_record(device: int) -> tuple[int, int]:
+    """``(host, device)`` address of GPU ``device``'s error record (host-mapped memory,
+    ``device_abi.RECORD``; made on first use, kept for the process)."""
+    with _init_lock:
+        if device not in _records:
+            _records[device] = cuda_driver.driver().host_alloc_mapped(
+                device, device_abi.RECORD.size)
+        return _records[device]
+
+
+def take_failure(device: int, site: int | None = None) -> str:
+    """The failure recorded on GPU ``device`` (of call site ``site``; None: any), emptying
+    the record; "" when there is none."""
+    if device not in _records:
+        return ""
+    host = _records[device][0]
+    raw = ctypes.string_at(host, device_abi.RECORD.size)
+    fields = dict(zip((f for f, _ in device_abi.RECORD_FIELDS), device_abi.RECORD.unpack(raw),
+                      strict=True))
+    if fields["status"] != device_abi.RecordStatus.WRITTEN:
+        return ""
+    found = call_site.find(fields["site"])
+    label = found.label if found is not None else f"site {fields['site']}"
+    return _cuda.take_failure(host, device, 0 if site is None else site, site is None, label)
+
+
+def check_errors() -> None:
+    """Raises the first failure a GPU recorded without trapping (a wait that timed out),
+    for every device of this process; the records are emptied.
+
+    Raises:
+      RuntimeError: a device recorded one (the message names the GPU, rank, kernel, call,
+        flag, expected and seen value).
+    """
+    failures = [f for f in (take_failure(device) for device in sorted(_records)) if f]
+    if failures:
+        raise RuntimeError("jax_triton_dist (CUDA): " + "; ".join(failures))
+
+
 def ensure_shmem(device: int) -> int:
     """Starts SHMEM for the GPU runtime unless it runs, on the backend
     :func:`shmem.init` would choose: ``cuda`` over every local GPU (PE ``i`` = GPU ``i``),
     or ``nvshmem`` when each process of a multi-process job has one GPU. Returns the PE of
     GPU ``device``."""
     with _init_lock:
+        if not _exit_hook.is_set():
+            atexit.register(_cuda.close, 5.0)  # no plan in Python when it finalises
+            _exit_hook.set()
         if heap.running_backend() is None:
             if lifetime.default_backend() == "nvshmem":
                 shmem.init(backend="nvshmem")
@@ -95,7 +156,7 @@ def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[i
     same offset and leaves only when every member's region is zeroed and its context
     written, so no rank writes into a peer's region before the peer initialised it.
     """
-    _, _, _, total = site.region_layout
+    total = site.region_layout.total
     offset = call_site.allocate_region(
         site, team, extra=aligned(device_abi.context_size(site.num_ranks)))
     heaps = [heap.heap_base(pe) for pe in team.pes]
@@ -118,11 +179,14 @@ def regions(site: call_site.CallSite, team: call_site.TeamState) -> list[tuple[i
                 "kernels across nodes need NVSHMEM device calls, which are not supported yet")
     ctx_offset = offset + aligned(total)
     timeout_ns = int(shmem.wait_timeout() * 1e9)
+    layout = site.region_layout
     result = []
     for rank, (pe, base) in enumerate(zip(team.pes, heaps, strict=True)):
         if pe in local:
             ctx = np.frombuffer(device_abi.pack_context(
-                rank, site.num_ranks, base + offset, timeout_ns, heaps, team.pes), np.uint8)
+                rank, site.num_ranks, base + offset + layout.barrier, timeout_ns, heaps,
+                team.pes, error_record=error_record(shmem.device_of(pe))[1],
+                abort_word=base + offset + layout.abort, site=site.call_id), np.uint8)
             heap.copy(pe, base + ctx_offset, ctx.ctypes.data, ctx.nbytes)
         result.append((base + offset, base + ctx_offset))
     if team.name:
@@ -173,7 +237,8 @@ def kernel_params(site: call_site.CallSite, signature: dict[str, str],
     """``(kind, index, value, alt, size)`` per kernel parameter (``ParamKind``): an
     operand, a result, a value, or an operand staged into the symmetric slot ``value``
     (odd epochs: ``alt``) and ``size`` bytes long."""
-    _, workspace_offsets, staging, _ = site.region_layout
+    layout = site.region_layout
+    workspace_offsets, staging = layout.workspaces, layout.staging
     positional = dict(zip(signature, site.params, strict=False))
     params = []
     for name, type_name in signature.items():
@@ -224,6 +289,8 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
     _check_team_fits(site)
     pe = ensure_shmem(device)
     drv = cuda_driver.driver()
+    if not site.teams:
+        site_uses.drain()  # regions of executables that are gone make room first
     raw = drv.read(device, coords_addr, 4 * len(site.mesh_axes))
     coords = tuple(int(c) for c in np.frombuffer(raw, np.int32))
     if heap.process_pe() >= 0:  # nvshmem: this process holds one rank of each team
@@ -239,9 +306,9 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
     if cuda_compile.uses_nvshmem(kernel):
         heap.init_nvshmem_module(module)
     grid = list(site.grid) + [1] * (3 - len(site.grid))
-    _cuda.set_plan(call_id, device, function, grid, 32 * kernel.metadata.num_warps,
+    _cuda.set_plan(call_id, device, module, function, grid, 32 * kernel.metadata.num_warps,
                    kernel.metadata.shared, kernel_params(site, signature, region),
-                   ctx + device_abi.EPOCH_OFFSET)
+                   ctx + device_abi.EPOCH_OFFSET, error_record(device)[0], site.label)
 
 
 def plan(call_id: int, device: int, coords_addr: int) -> str | None:

@@ -1,4 +1,10 @@
-"""Registers the project's XLA FFI targets with JAX (done once, at package import)."""
+"""Registers the project's XLA FFI targets with JAX (once, when the first ``triton_call``
+is traced).
+
+The target has an instantiate stage whose state type XLA must know before the target:
+JAX registers targets deferred until a backend starts before the types deferred with
+them, so registration waits until the backends run (``jax.devices()``) and then registers
+each type before its target."""
 
 from __future__ import annotations
 
@@ -13,18 +19,26 @@ _registered = False
 
 def register() -> None:
     """Registers the FFI targets (CPU; CUDA where the launcher was built) and their
-    Python dispatchers. Probes no device: libcuda is loaded on the first CUDA launch."""
+    Python dispatchers; starts JAX's backends if they are not running. Loads no CUDA
+    library itself: libcuda is loaded on the first CUDA launch."""
     global _registered
     if _registered:
         return
-    from jax_triton_dist.runtime import cpu_dispatch, cuda_dispatch
+    jax.devices()  # the backends run: registrations below take effect in their order
+    from jax_triton_dist.runtime import cpu_dispatch, cuda_dispatch, site_uses
 
-    for name, capsule in _ffi.registrations().items():
-        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    # The type of the state the targets' instantiate stage gives XLA (one per executable
+    # and device: how the runtime learns that an executable is gone).
+    jax.ffi.register_ffi_type("jtd_site_use", _ffi.site_use_type(), platform="cpu")
+    for name, stages in _ffi.registrations().items():
+        jax.ffi.register_ffi_target(name, stages, platform="cpu")
     _ffi.set_cpu_dispatcher(cpu_dispatch.dispatch)
+    site_uses.add_log(_ffi.take_site_events)
     launcher = cuda_dispatch.launcher()
     if launcher is not None:
-        for name, capsule in launcher.registrations().items():
-            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        jax.ffi.register_ffi_type("jtd_site_use", launcher.site_use_type(), platform="CUDA")
+        for name, stages in launcher.registrations().items():
+            jax.ffi.register_ffi_target(name, stages, platform="CUDA")
         launcher.set_planner(cuda_dispatch.plan)
+        site_uses.add_log(launcher.take_site_events)
     _registered = True

@@ -14,7 +14,9 @@ other's flags. Triton 3.6's interpreter is not built for that:
   multiplies bfloat16 operands as raw bit patterns; both fixed here;
 * nested ``@triton.jit`` helpers must be ``InterpretedFunction`` objects, which
   they are only if ``TRITON_INTERPRET=1`` was set before they were defined;
-  here a ``JITFunction`` called from an interpreted kernel runs interpreted.
+  here a ``JITFunction`` called from an interpreted kernel runs interpreted;
+* loads, stores and atomics check their addresses against the launch's buffers
+  (``bounds.py``) when the launching thread set some.
 
 Kernels are ordinary ``@triton.jit`` functions; the environment is not touched.
 A launch runs its programs one after another, so on this backend no program
@@ -33,6 +35,8 @@ import triton.language as tl
 import triton.language.core as tl_core  # patched with tl: helpers such as tl.zeros call core.full
 from triton.runtime import interpreter as _interp
 from triton.runtime.jit import JITFunction
+
+from jax_triton_dist.language import bounds
 
 __all__ = ["Pointer", "launch", "interpreting"]
 
@@ -122,6 +126,38 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
                                 max_num_imprecise_acc)
 
 
+_ORIGINAL = {name: getattr(_interp.InterpreterBuilder, name) for name in (
+    "create_masked_load", "create_masked_store", "create_atomic_cas", "create_atomic_rmw")}
+
+
+def _check(ptrs, mask, op: str) -> None:
+    element = ptrs.get_element_ty()
+    bounds.check(ptrs.data, None if mask is None else mask.data,
+                 max(1, element.primitive_bitwidth // 8), op, str(element))
+
+
+def _checked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+    _check(ptrs, mask, "load")
+    return _ORIGINAL["create_masked_load"](self, ptrs, mask, other, cache_modifier,
+                                           eviction_policy, is_volatile)
+
+
+def _checked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+    _check(ptrs, mask, "store")
+    return _ORIGINAL["create_masked_store"](self, ptrs, value, mask, cache_modifier,
+                                            eviction_policy)
+
+
+def _checked_cas(self, ptr, cmp, val, sem, scope):
+    _check(ptr, None, "atomic_cas")
+    return _ORIGINAL["create_atomic_cas"](self, ptr, cmp, val, sem, scope)
+
+
+def _checked_rmw(self, rmw_op, ptr, val, mask, sem, scope):
+    _check(ptr, mask, "atomic")
+    return _ORIGINAL["create_atomic_rmw"](self, rmw_op, ptr, val, mask, sem, scope)
+
+
 def _anchor() -> None:  # a function whose globals hold triton.language and its core
     return tl, tl_core
 
@@ -142,6 +178,11 @@ def _enter() -> None:
             scope.set_attr(_interp.InterpreterBuilder, "create_dot", _create_dot)
             scope.set_attr(JITFunction, "__call__", _nested_call)
             scope.set_attr(_interp.InterpretedFunction, "__call__", _nested_call)
+            for name, checked in (("create_masked_load", _checked_load),
+                                  ("create_masked_store", _checked_store),
+                                  ("create_atomic_cas", _checked_cas),
+                                  ("create_atomic_rmw", _checked_rmw)):
+                scope.set_attr(_interp.InterpreterBuilder, name, checked)
             _scope = scope
         _active += 1
 

@@ -42,7 +42,9 @@ collective primitive), :mod:`~.memory`, :mod:`~.rma`, :mod:`~.teams`,
 :mod:`~.heap` (regions, copies) and :mod:`~.host_atomics` (the interpreter's flags).
 """
 
-from jax_triton_dist._shmem import ShmemError, ShmemTimeoutError
+from jax_triton_dist._shmem import ShmemAbortedError, ShmemError, ShmemTimeoutError
+from jax_triton_dist.shmem.heap import HeapUsage
+from jax_triton_dist.shmem.heap import usage as heap_usage
 from jax_triton_dist.shmem.lifetime import (
     InitStatus,
     available_backends,
@@ -93,7 +95,8 @@ from jax_triton_dist.shmem.teams import (
 )
 
 __all__ = [
-    "ShmemError", "ShmemTimeoutError", "Cmp", "SignalOp", "InitStatus", "Team", "TEAM_WORLD",
+    "ShmemError", "ShmemTimeoutError", "ShmemAbortedError", "Cmp", "SignalOp", "InitStatus",
+    "Team", "TEAM_WORLD",
     "DEFAULT_HEAP_SIZE", "DEFAULT_GPU_HEAP_SIZE", "DEFAULT_NVSHMEM_HEAP_SIZE", "HEAP_SIZE_ENV",
     "TIMEOUT_ENV", "BACKEND_ENV", "BACKENDS", "available_backends", "device_of",
     "init", "finalize", "init_status", "backend", "heap_size", "as_pe", "bind_pe", "unbind_pe",
@@ -101,5 +104,5 @@ __all__ = [
     "putmem", "getmem", "putmem_nbi", "getmem_nbi", "putmem_signal", "putmem_signal_nbi",
     "signal_op", "signal_fetch", "signal_wait_until", "quiet", "fence",
     "team_split_strided", "team_my_pe", "team_n_pes", "team_translate_pe", "team_sync",
-    "team_destroy", "wait_timeout",
+    "team_destroy", "wait_timeout", "heap_usage", "HeapUsage",
 ]

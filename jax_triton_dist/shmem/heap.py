@@ -19,6 +19,7 @@ __all__ = ["HeapUsage", "running_backend", "process_pe", "heap_base", "heap_size
            "reserve", "release", "copy", "memset", "init_nvshmem_module"]
 
 
+
 def running_backend() -> str | None:
     """Name of the running backend, or None before :func:`shmem.init`."""
     return _lib.backend_name() if _lib.initialized() else None
@@ -42,21 +43,27 @@ def heap_size() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class HeapUsage:
-    """How much of each PE's heap is allocated."""
+    """How much of each PE's heap is allocated (the same in every heap)."""
 
     heap_bytes: int
     in_use_bytes: int
     largest_free_block: int
+    allocations: int  # live allocations: shmem.malloc blocks and call-site regions
 
     def __str__(self) -> str:
-        return (f"heap {self.heap_bytes} bytes, {self.in_use_bytes} in use, largest free "
-                f"block {self.largest_free_block}")
+        return (f"heap {self.heap_bytes} bytes, {self.in_use_bytes} in use in "
+                f"{self.allocations} allocations, largest free block {self.largest_free_block}")
 
 
 def usage() -> HeapUsage:
-    """Current use of the heaps (the same in every heap: allocations are symmetric)."""
+    """Current use of the heaps (the same in every heap: allocations are symmetric).
+
+    Raises:
+      ShmemError: SHMEM is not initialised.
+    """
     require_init()
-    return HeapUsage(_lib.heap_size(), _lib.allocated_bytes(), _lib.largest_free_block())
+    return HeapUsage(_lib.heap_size(), _lib.allocated_bytes(), _lib.largest_free_block(),
+                     _lib.allocation_count())
 
 
 def reserve(nbytes: int, what: str) -> int:

@@ -12,6 +12,7 @@ __all__ = [
     "BACKENDS", "BACKEND_ENV", "HEAP_SIZE_ENV", "TIMEOUT_ENV", "DEFAULT_HEAP_SIZE",
     "DEFAULT_GPU_HEAP_SIZE", "DEFAULT_NVSHMEM_HEAP_SIZE", "DEFAULT_TIMEOUT_S", "ALIGNMENT",
     "aligned", "parse_size", "heap_size_or_default", "wait_timeout", "backend_from_env",
+    "check_environment",
 ]
 
 BACKENDS = ("host", "cuda", "nvshmem")
@@ -109,3 +110,15 @@ def backend_from_env() -> str | None:
         raise ValueError(f"{BACKEND_ENV}={raw!r} is not a SHMEM backend (expected one of "
                          f"{', '.join(BACKENDS)})")
     return raw
+
+
+def check_environment() -> None:
+    """Reads every SHMEM setting of the environment, so that a bad one raises where the
+    caller sees it (``triton_call`` checks at trace time, before any kernel runs).
+
+    Raises:
+      ValueError: a variable that is not a size, a positive number or a backend.
+    """
+    backend_from_env()
+    wait_timeout()
+    heap_size_or_default(None, DEFAULT_HEAP_SIZE)
