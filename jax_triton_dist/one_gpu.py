@@ -144,7 +144,7 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
                            compiled.metadata.shared, values, streams[rank])
             for stream in streams:
                 drv.stream_synchronize(device, stream)
-            failure = cuda_dispatch.take_failure(device, site.call_id)
+            failure = cuda_dispatch.take_failure(device, site.call_id, site.label)
             if failure:
                 raise RuntimeError(f"one_gpu.run_ranks, call {call}: {failure}")
             results.append([

@@ -83,9 +83,10 @@ def error_record(device: int) -> tuple[int, int]:
         return _records[device]
 
 
-def take_failure(device: int, site: int | None = None) -> str:
+def take_failure(device: int, site: int | None = None, label: str | None = None) -> str:
     """The failure recorded on GPU ``device`` (of call site ``site``; None: any), emptying
-    the record; "" when there is none."""
+    the record; "" when there is none. ``label`` names the kernel (default: the registered
+    call site's)."""
     if device not in _records:
         return ""
     host = _records[device][0]
@@ -94,8 +95,9 @@ def take_failure(device: int, site: int | None = None) -> str:
                       strict=True))
     if fields["status"] != device_abi.RecordStatus.WRITTEN:
         return ""
-    found = call_site.find(fields["site"])
-    label = found.label if found is not None else f"site {fields['site']}"
+    if label is None:
+        found = call_site.find(fields["site"])
+        label = found.label if found is not None else f"site {fields['site']}"
     return _cuda.take_failure(host, device, 0 if site is None else site, site is None, label)
 
 
