@@ -5,7 +5,8 @@ Public API:
 * :func:`triton_call`, :class:`Workspace` — launch a distributed Triton kernel inside
   ``jax.shard_map``;
 * :func:`all_gather`, :func:`reduce_scatter`, :func:`all_reduce`, :func:`all_to_all` —
-  drop-in replacements for the ``jax.lax`` collectives;
+  drop-in replacements for the ``jax.lax`` collectives, and :mod:`jax_triton_dist.lax`,
+  the same under ``jax.lax``'s names (``psum``, ``pmean``, ``psum_scatter``, ...);
 * :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce` —
   GEMM and collective fused in one kernel;
 * :mod:`jax_triton_dist.language` (``dl``) — the kernel language;
@@ -14,7 +15,7 @@ Public API:
   failures.
 """
 
-from jax_triton_dist import shmem
+from jax_triton_dist import lax, shmem
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 from jax_triton_dist.moe import MoERouting, moe_combine, moe_dispatch
@@ -22,7 +23,7 @@ from jax_triton_dist.status import Usage, check_errors, heap_usage
 from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, triton_call
 
 __all__ = [
-    "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem",
+    "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem", "lax",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
     "moe_dispatch", "moe_combine", "MoERouting", "heap_usage", "Usage", "check_errors",

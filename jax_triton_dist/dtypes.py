@@ -14,7 +14,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["ElementType", "ELEMENT_TYPES", "KERNEL_DTYPES", "COLLECTIVE_DTYPES",
+__all__ = ["ElementType", "ELEMENT_TYPES", "KERNEL_DTYPES",
            "GEMM_DTYPES", "element_type", "triton_name", "scalar_format", "check_dtype"]
 
 
@@ -49,9 +49,6 @@ _BY_TRITON = {t.triton: t for t in ELEMENT_TYPES}
 
 KERNEL_DTYPES = frozenset(_BY_DTYPE)
 """Element types a ``triton_call`` argument or result may have."""
-COLLECTIVE_DTYPES = frozenset(np.dtype(d) for d in ("float32", ml_dtypes.bfloat16, "float16",
-                                                    "int32"))
-"""Element types the collectives accept."""
 GEMM_DTYPES = frozenset(np.dtype(d) for d in ("float32", ml_dtypes.bfloat16, "float16"))
 """Input element types of the fused GEMM ops."""
 

@@ -65,10 +65,11 @@ def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs,
     params += [("output", i) for i in range(len(outputs))]
     params += [("workspace", i) for i in range(len(workspaces))]
     return call_site.CallSite(
-        kernel=kernel, label=kernel.fn.__name__, grid=tuple(grid), mesh_axes=("x",), axis=0,
-        num_ranks=world, params=params, inputs=[spec(a.shape, a.dtype) for a in inputs],
-        symmetric=frozenset(symmetric), outputs=[spec(*o) for o in outputs],
-        workspaces=[spec(*w) for w in workspaces], kwargs=dict(kwargs), call_id=next(_ids))
+        kernel=kernel, label=kernel.fn.__name__, grid=tuple(grid),
+        team_axes=call_site.TeamAxes(("x",), (world,), (0,)), params=params,
+        inputs=[spec(a.shape, a.dtype) for a in inputs], symmetric=frozenset(symmetric),
+        outputs=[spec(*o) for o in outputs], workspaces=[spec(*w) for w in workspaces],
+        kwargs=dict(kwargs), call_id=next(_ids))
 
 
 def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_triton_dist import dtypes
+from jax_triton_dist import axis_names, dtypes
 from jax_triton_dist.language import bounds
 from jax_triton_dist.runtime import call_site, ffi_targets, jax_compat, site_uses
 from jax_triton_dist.shmem import settings
@@ -52,31 +52,14 @@ def _dtype(dtype: Any, what: str) -> np.dtype:
     return dtypes.check_dtype(dtype, SUPPORTED_DTYPES, what)
 
 
-def _manual_axes(axis_name: str) -> tuple[tuple[str, ...], dict[str, int]]:
-    mesh = jax.sharding.get_abstract_mesh()
-    names = tuple(getattr(mesh, "axis_names", ()) or ())
-    if not names:
-        raise ValueError(
-            f"axis_name={axis_name!r}: jax_triton_dist ops must be called inside "
-            "jax.shard_map: the kernel's rank and num_ranks come from a mesh axis"
-        )
-    manual = set(getattr(mesh, "manual_axes", names))
-    axes = tuple(a for a in names if a in manual)
-    if axis_name not in axes:
-        raise ValueError(
-            f"axis_name {axis_name!r} is not a manual axis of the enclosing "
-            f"shard_map (manual axes: {list(axes)})"
-        )
-    return axes, dict(zip(names, mesh.axis_sizes, strict=True))
-
-
-def axis_size(axis_name: str) -> int:
-    """Size of the manual mesh axis ``axis_name`` of the enclosing ``shard_map``.
+def axis_size(axis_name: Any) -> int:
+    """Devices along ``axis_name`` (a manual mesh axis or a tuple of them: the product of
+    their sizes) in the enclosing ``shard_map``.
 
     Raises:
       ValueError: not inside ``shard_map``, or no such manual axis.
     """
-    return _manual_axes(axis_name)[1][axis_name]
+    return axis_names.axis_size(axis_name)
 
 
 def _kernel_label(kernel: Any) -> str:
@@ -120,7 +103,8 @@ def triton_call(
     *args: Any,
     out_shape: Any,
     grid: int | Sequence[int] | Callable[[dict[str, Any]], Sequence[int]],
-    axis_name: str,
+    axis_name: str | Sequence[str],
+    axis_index_groups: Sequence[Sequence[int]] | None = None,
     workspace: Sequence[Workspace] = (),
     symmetric: Sequence[int] = (),
     num_warps: int | None = None,
@@ -132,7 +116,9 @@ def triton_call(
     Must be called inside ``jax.shard_map`` (under ``jax.jit`` or not). Each device runs
     the kernel with ``dl.rank()`` = its position along ``axis_name`` and
     ``dl.num_ranks()`` = the axis size; on a mesh with several axes, the devices sharing
-    all other coordinates form one team.
+    all other coordinates form one team. A tuple of axes makes one team of all their
+    devices, ranked row-major in the order named (the first axis varies slowest), as a
+    multi-axis ``jax.lax.psum`` does.
 
     The kernel receives, in order: ``args`` (arrays as pointers, Python scalars as
     values), one pointer per ``out_shape`` entry, one pointer per ``workspace`` entry;
@@ -144,7 +130,10 @@ def triton_call(
       out_shape: a ``jax.ShapeDtypeStruct`` (or a sequence of them): per-rank results.
         Results are ordinary XLA buffers; the kernel must write every element.
       grid: program counts, or a function of ``kwargs`` returning them.
-      axis_name: the manual mesh axis that supplies rank and num_ranks.
+      axis_name: the manual mesh axis (or tuple of axes) that supplies rank and num_ranks.
+      axis_index_groups: as in ``jax.lax``: splits the devices along ``axis_name`` into
+        groups of equal size (lists of indices along it, covering each once); each group
+        is a team, and a device's rank is its position in its group.
       workspace: symmetric scratch buffers (:class:`Workspace`), zeroed once, kept across
         calls.
       symmetric: indices into ``args`` of arrays to stage into the symmetric heap, so that
@@ -182,7 +171,7 @@ def triton_call(
     settings.check_environment()  # a bad setting fails here, not on a device thread
     bounds.enabled()
     site_uses.drain()  # sites of executables that are gone release their regions
-    axes, sizes = _manual_axes(axis_name)
+    team_axes = axis_names.team(axis_name, "triton_call", axis_index_groups)
     single = hasattr(out_shape, "shape") and hasattr(out_shape, "dtype")
     outs = [out_shape] if single else list(out_shape)
     outputs = [call_site.ArraySpec(_shape(o.shape, f"{label} result"),
@@ -219,19 +208,20 @@ def triton_call(
     _check_signature(kernel, len(params), kwargs, label)
 
     site = call_site.CallSite(
-        kernel=kernel, label=label, grid=_grid(grid, kwargs), mesh_axes=axes,
-        axis=axes.index(axis_name), num_ranks=sizes[axis_name], params=params, inputs=inputs,
+        kernel=kernel, label=label, grid=_grid(grid, kwargs), team_axes=team_axes,
+        params=params, inputs=inputs,
         symmetric=frozenset(staged), outputs=outputs, workspaces=[w.spec for w in workspaces],
         kwargs=dict(kwargs),
         options={k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
                  if v is not None},
     )
     call_id = call_site.register(site)
-    coords = jnp.stack([jax.lax.axis_index(a) for a in axes]).astype(jnp.int32)
-    # Results vary over the kernel's axis and every axis an operand varies over; when
+    coords = jnp.stack([jax.lax.axis_index(a) for a in team_axes.mesh_axes]).astype(jnp.int32)
+    # Results vary over the kernel's axes and every axis an operand varies over; when
     # shard_map checks varying axes, the coordinates vary over all of them.
     checked = jax_compat.varying_axes(coords)
-    varying = frozenset().union({axis_name}, *map(jax_compat.varying_axes, operands)) & checked
+    named = {team_axes.mesh_axes[a] for a in team_axes.axes}
+    varying = frozenset().union(named, *map(jax_compat.varying_axes, operands)) & checked
     result_types = jax_compat.result_types([(o.shape, o.dtype) for o in outputs], varying, coords)
     # Not marked as side-effecting: the results are the call's only effect (workspaces are
     # private to the call site), and side-effecting calls make JAX thread a runtime token

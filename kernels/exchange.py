@@ -40,10 +40,15 @@ def reduce_in_rank_order(own, slots, flags, stride, offs, mask, pid, num_program
     """Reduces every rank's block: this rank's ``own`` values, and each source's block in
     ``slots + src * stride`` once its flag ``flags[src, pid]`` reaches ``epoch``.
 
-    Sums run in rank order in float32 (floating types), so every rank computes the same
-    bits; max/min need no order. Returns the accumulator (float32 for floating types).
+    Sums run in rank order, floating types in float32 (float64 in float64), so every rank
+    computes the same bits; max/min need no order. Returns the accumulator.
     """
-    acc_dtype = tl.float32 if own.dtype.is_floating() else own.dtype
+    if own.dtype.is_fp64():
+        acc_dtype = tl.float64
+    elif own.dtype.is_floating():
+        acc_dtype = tl.float32
+    else:
+        acc_dtype = own.dtype
     acc = tl.zeros(own.shape, dtype=acc_dtype) if REDUCE == "sum" else own.to(acc_dtype)
     for src in range(0, world):
         if src == me:
@@ -72,8 +77,8 @@ def push_exchange_kernel(
 ):
     """Program ``pid`` moves elements ``[pid * BLOCK, (pid + 1) * BLOCK)`` of every block.
 
-    Reductions run in rank order in float32 (floating types) on every rank, so every rank
-    computes bit-identical results.
+    Reductions run in rank order (floating types in float32, float64 in float64) on every
+    rank, so every rank computes bit-identical results.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)

@@ -3,9 +3,10 @@
 A call site is created when ``triton_call`` is traced and identified in the HLO
 by an integer attribute. At run time each device's thread looks the site up,
 joins its team (the devices that share every mesh coordinate but the kernel's
-axis), and runs the kernel. The first run of a team allocates its symmetric
-region (workspaces, barrier counters, staging for symmetric arguments) once;
-later runs only count epochs, with no synchronisation between ranks.
+axes, and the same ``axis_index_groups`` group), and runs the kernel. The first
+run of a team allocates its symmetric region (workspaces, barrier counters,
+staging for symmetric arguments) once; later runs only count epochs, with no
+synchronisation between ranks.
 
 A site lives as long as an executable uses it (``runtime/site_uses.py`` follows XLA's
 executables): :func:`release` then frees its regions and the backends' launch plans.
@@ -27,7 +28,7 @@ from jax_triton_dist import shmem
 from jax_triton_dist.shmem import heap, lifetime
 from jax_triton_dist.shmem.settings import aligned
 
-__all__ = ["ArraySpec", "RegionLayout", "CallSite", "TeamState", "allocate_region",
+__all__ = ["ArraySpec", "RegionLayout", "TeamAxes", "CallSite", "TeamState", "allocate_region",
            "local_pes", "find", "lookup", "register", "release", "on_release", "live_sites",
            "abandon_joins"]
 
@@ -55,6 +56,51 @@ class RegionLayout:
     total: int
 
 
+@dataclasses.dataclass(frozen=True)
+class TeamAxes:
+    """Which devices of the mesh form one team, and each one's rank in it.
+
+    Attributes:
+      mesh_axes: every manual mesh axis, in mesh order (the call's operand 0 holds the
+        device's coordinate along each).
+      sizes: their sizes.
+      axes: positions in ``mesh_axes`` of the team's axes, in the order the caller named
+        them; a device's index over them is row-major in that order (the first named axis
+        varies slowest), as for a multi-axis ``jax.lax.psum`` or ``all_gather``.
+      groups: ``axis_index_groups``: the team is the group holding the device's index, and
+        its rank is its position in that group; None: the team is every index.
+    """
+
+    mesh_axes: tuple[str, ...]
+    sizes: tuple[int, ...]
+    axes: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def num_ranks(self) -> int:
+        """Ranks per team."""
+        if self.groups is not None:
+            return len(self.groups[0])
+        return int(np.prod([self.sizes[a] for a in self.axes], dtype=np.int64))
+
+    @functools.cached_property
+    def _group_of(self) -> dict[int, tuple[int, int]]:
+        return {index: (g, members.index(index)) for g, members in enumerate(self.groups or ())
+                for index in members}
+
+    def locate(self, coords: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """``(rank, team key)`` of the device at mesh coordinates ``coords``; devices with
+        one key form one team."""
+        index = 0
+        for a in self.axes:
+            index = index * self.sizes[a] + coords[a]
+        key = tuple(c for i, c in enumerate(coords) if i not in self.axes)
+        if self.groups is None:
+            return index, key
+        group, rank = self._group_of[index]
+        return rank, key + (group,)
+
+
 @dataclasses.dataclass
 class TeamState:
     """The ranks of one team at one call site, and their symmetric region."""
@@ -80,9 +126,7 @@ class CallSite:
       kernel: the ``@triton.jit`` kernel.
       label: kernel name for messages.
       grid: program counts.
-      mesh_axes: every manual mesh axis, in mesh order (their indices are operand 0).
-      axis: position of the kernel's axis in ``mesh_axes``.
-      num_ranks: size of the kernel's axis.
+      team_axes: the mesh axes whose devices form the kernel's teams.
       params: positional kernel arguments: ``("array", index)`` for an operand,
         ``("scalar", value)``, ``("output", index)``, ``("workspace", index)``.
       inputs: per-rank operand specs; ``symmetric`` marks those staged into the heap.
@@ -95,9 +139,7 @@ class CallSite:
     kernel: Any
     label: str
     grid: tuple[int, ...]
-    mesh_axes: tuple[str, ...]
-    axis: int
-    num_ranks: int
+    team_axes: TeamAxes
     params: list[tuple[str, Any]]
     inputs: list[ArraySpec]
     symmetric: frozenset[int]
@@ -108,6 +150,16 @@ class CallSite:
     call_id: int = 0  # set by register()
     teams: dict[tuple[int, ...], TeamState] = dataclasses.field(default_factory=dict)
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+
+    @property
+    def mesh_axes(self) -> tuple[str, ...]:
+        """Every manual mesh axis (operand 0 holds the device's coordinates along them)."""
+        return self.team_axes.mesh_axes
+
+    @property
+    def num_ranks(self) -> int:
+        """Ranks per team."""
+        return self.team_axes.num_ranks
 
     # -- symmetric region: [barrier counters, abort word | workspaces | staging x2] --
 
@@ -137,8 +189,7 @@ class CallSite:
         Returns:
           This PE's rank and the (ready) team state.
         """
-        rank = coords[self.axis]
-        key = coords[: self.axis] + coords[self.axis + 1:]
+        rank, key = self.team_axes.locate(coords)
         with self.cond:
             team = self.teams.get(key)
             if team is None or team.generation != lifetime.generation():
@@ -182,8 +233,7 @@ class CallSite:
         then each process calls ``allocate(site, team)``, which must agree with the other
         processes through ``gather`` too.
         """
-        rank = coords[self.axis]
-        key = coords[: self.axis] + coords[self.axis + 1:]
+        rank, key = self.team_axes.locate(coords)
         with self.cond:
             team = self.teams.get(key)
             if team is None or team.generation != lifetime.generation():

@@ -1,0 +1,128 @@
+"""Fused GEMM + communication ops: the matrix work and the collective in one kernel.
+
+Per-rank shapes are given for each op; call them inside ``jax.shard_map`` (jitted or
+eager). Accumulation is float32; inputs may be float32, bfloat16 or float16. Like the
+collectives they take a mesh axis or a tuple of them and ``axis_index_groups``, and are
+JAX primitives: differentiable in both modes (the ops transpose into each other) and
+batched by ``jax.vmap`` into one kernel call (see ``fused/primitives.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_triton_dist import axis_names, dtypes
+from jax_triton_dist.fused import primitives
+
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "GEMM_DTYPES"]
+
+GEMM_DTYPES = dtypes.GEMM_DTYPES
+
+Groups = Sequence[Sequence[int]] | None
+
+
+def _check_gemm(x: Any, w: Any, fn: str) -> tuple[jax.Array, jax.Array]:
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    if x.ndim != 2 or w.ndim != 2:
+        raise ValueError(f"{fn}: x and w must be 2-D, got shapes {x.shape} and {w.shape}")
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"{fn}: x is {x.shape} and w is {w.shape}: x.shape[1] must equal "
+                         "w.shape[0] (the per-rank K)")
+    if x.dtype != w.dtype:
+        raise TypeError(f"{fn}: x and w must have one dtype, got {x.dtype} and {w.dtype}")
+    dtypes.check_dtype(x.dtype, GEMM_DTYPES, fn)
+    return x, w
+
+
+def _check_dim(value: int, fn: str, what: str) -> None:
+    if value != 0:
+        raise NotImplementedError(f"{fn}: {what}={value}: only 0 (the rows of x) is supported")
+
+
+def _team(axis_name: Any, groups: Groups, fn: str) -> dict[str, Any]:
+    team = axis_names.team(axis_name, fn, groups)
+    return dict(axes=axis_names.as_tuple(axis_name, fn), groups=team.groups,
+                size=team.num_ranks)
+
+
+def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
+                      axis_index_groups: Groups = None) -> jax.Array:
+    """``all_gather(x, tiled=True) @ w`` in one kernel (column-parallel layer).
+
+    Each rank stages its rows in the symmetric heap and announces them; output tiles of its
+    own rows are computed first, then the tiles of each peer's rows around the ring, read
+    straight from the peer's memory as soon as its announcement lands.
+
+    Args:
+      x: per-rank ``[m, K]``: this rank's rows (the sequence/batch shard).
+      w: per-rank ``[K, N_local]``: this rank's weight columns.
+      axis_name: the manual mesh axis (or tuple of axes) the rows are split over.
+      gather_axis: must be 0 (the rows of ``x``).
+      axis_index_groups: groups of indices along ``axis_name`` that gather among
+        themselves.
+
+    Returns:
+      Per-rank ``[num_ranks * m, N_local]`` in ``x.dtype`` (float32 accumulation).
+    """
+    x, w = _check_gemm(x, w, "all_gather_matmul")
+    _check_dim(gather_axis, "all_gather_matmul", "gather_axis")
+    return primitives.bind_all_gather_matmul(
+        x, w, **_team(axis_name, axis_index_groups, "all_gather_matmul"))
+
+
+def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: int = 0,
+                          axis_index_groups: Groups = None) -> jax.Array:
+    """``psum_scatter(x @ w, scatter_dimension=0, tiled=True)`` in one kernel (row-parallel
+    layer).
+
+    Output tiles come segment by segment, the peers' segments first and the own segment
+    last; each peer tile is pushed to its owner as soon as it is computed, and the own
+    segment's tiles sum every rank's partial (float32, rank order) while others still
+    compute.
+
+    Args:
+      x: per-rank ``[M, K_local]``; ``M`` must divide by the number of ranks.
+      w: per-rank ``[K_local, N]``.
+      axis_name: the manual mesh axis (or tuple of axes) the K dimension is split over.
+      scatter_dimension: must be 0 (rank r gets rows ``[r M / n, (r + 1) M / n)``).
+      axis_index_groups: groups of indices along ``axis_name`` that reduce among
+        themselves.
+
+    Returns:
+      Per-rank ``[M / num_ranks, N]`` in ``x.dtype``.
+    """
+    x, w = _check_gemm(x, w, "matmul_reduce_scatter")
+    _check_dim(scatter_dimension, "matmul_reduce_scatter", "scatter_dimension")
+    team = _team(axis_name, axis_index_groups, "matmul_reduce_scatter")
+    if x.shape[0] % team["size"]:
+        raise ValueError(f"matmul_reduce_scatter: x has {x.shape[0]} rows, which do not divide "
+                         f"by the {team['size']} ranks of axis {axis_name!r}")
+    return primitives.bind_matmul_reduce_scatter(x, w, **team)
+
+
+def matmul_all_reduce(x: Any, w: Any, axis_name: Any, *,
+                      axis_index_groups: Groups = None) -> jax.Array:
+    """``jax.lax.psum(x @ w, axis_name)`` in one kernel: each output tile is pushed to the
+    other ranks as soon as it is computed and summed there (row-parallel layer, decode).
+
+    Args:
+      x: per-rank ``[M, K_local]``: this rank's slice of the K dimension.
+      w: per-rank ``[K_local, N]``: the matching rows of the weight.
+      axis_name: the manual mesh axis (or tuple of axes) the K dimension is split over.
+      axis_index_groups: groups of indices along ``axis_name`` that reduce among
+        themselves.
+
+    Returns:
+      ``[M, N]``, the same on every rank, in ``x.dtype`` (accumulated in float32); like
+      ``psum``, invariant over ``axis_name`` without ``axis_index_groups``.
+
+    Meant for small M: the workspace holds every rank's float32 partial product
+    (``2 * num_ranks * M * N * 4`` bytes per rank).
+    """
+    x, w = _check_gemm(x, w, "matmul_all_reduce")
+    return primitives.bind_matmul_all_reduce(
+        x, w, **_team(axis_name, axis_index_groups, "matmul_all_reduce"))

@@ -1,0 +1,71 @@
+"""What each fused op runs: its kernel on 2-D operands (the lowering of the fused
+primitives, ``primitives.py``).
+
+Every function takes this rank's ``x`` and ``w`` and the primitive's parameters: ``axes``
+(the mesh axes of the team), ``groups`` (``axis_index_groups`` or None), ``size`` (ranks per
+team).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import triton
+
+from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
+from jax_triton_dist.kernels.gemm_collectives import (
+    all_gather_matmul_kernel,
+    matmul_reduce_scatter_kernel,
+)
+from jax_triton_dist.tiles import gemm_tiles
+from jax_triton_dist.triton_call import Workspace, triton_call
+
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
+
+
+def all_gather_matmul(x: jax.Array, w: jax.Array, *, axes, groups, size: int) -> jax.Array:
+    """``all_gather(x, tiled=True) @ w``: ``[size * m, n]``."""
+    (m, k), n = x.shape, w.shape[1]
+    tiles = gemm_tiles(m, n, k, copies=size)
+    grid = size * triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
+    return triton_call(
+        all_gather_matmul_kernel, x, w,
+        out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
+        workspace=[Workspace((2, size), jnp.int32)], symmetric=[0],
+        grid=(grid,), axis_name=axes, axis_index_groups=groups, num_stages=3, m=m, N=n, K=k,
+        **tiles,
+    )
+
+
+def matmul_reduce_scatter(x: jax.Array, w: jax.Array, *, axes, groups, size: int
+                          ) -> jax.Array:
+    """``psum_scatter(x @ w, tiled=True)`` over rows: ``[M / size, n]``."""
+    (rows, k), n = x.shape, w.shape[1]
+    seg = rows // size
+    tiles = gemm_tiles(seg, n, k, copies=size)
+    per_segment = triton.cdiv(seg, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
+    return triton_call(
+        matmul_reduce_scatter_kernel, x, w,
+        out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
+        workspace=[Workspace((2, size, seg, n), jnp.float32),
+                   Workspace((2, size, per_segment), jnp.int32)],
+        grid=(size * per_segment,), axis_name=axes, axis_index_groups=groups, num_stages=3,
+        seg=seg, N=n, K=k, **tiles,
+    )
+
+
+def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
+                      invariant: bool = False) -> jax.Array:
+    """``psum(x @ w)``: ``[m, n]``."""
+    del invariant  # typing only
+    (m, k), n = x.shape, w.shape[1]
+    config = gemm_tiles(m, n, k)
+    tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
+    return triton_call(
+        matmul_all_reduce_kernel, x, w,
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        workspace=[Workspace((2, size, m, n), jnp.float32),
+                   Workspace((2, size, tiles), jnp.int32)],
+        grid=(tiles,), axis_name=axes, axis_index_groups=groups, num_stages=3,
+        M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n, stride_bn=1, **config,
+    )

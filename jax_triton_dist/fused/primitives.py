@@ -1,0 +1,234 @@
+"""The fused GEMM + collective ops as JAX primitives.
+
+* **Types.** The result varies over what either operand varies over (operands are first
+  cast to vary over the op's axes); ``matmul_all_reduce`` without ``axis_index_groups`` is
+  invariant over its axes under ``check_vma=True``, as ``psum(x @ w)`` is.
+* **Autodiff.** Each op is bilinear: the JVP is ``op(dx, w) + op(x, dw)``, and the
+  transposes go through each other — ``all_gather_matmul``'s ``x`` cotangent is a
+  ``matmul_reduce_scatter`` and ``matmul_reduce_scatter``'s is an ``all_gather_matmul``
+  (the weights' cotangents gather with the project's ``all_gather``).
+* **vmap.** A batch of ``x`` folds into its rows and a batch of ``w`` into its columns:
+  one kernel call for the batch. With both batched there is no single GEMM to fold into:
+  the op runs as the project's collective plus a batched XLA matmul (not fused).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jax_triton_dist.collectives import primitives as collective
+from jax_triton_dist.fused import launch
+from jax_triton_dist.runtime import jax_compat
+
+__all__ = ["all_gather_matmul_p", "matmul_reduce_scatter_p", "matmul_all_reduce_p",
+           "bind_all_gather_matmul", "bind_matmul_reduce_scatter", "bind_matmul_all_reduce"]
+
+all_gather_matmul_p = Primitive("jtd_all_gather_matmul")
+matmul_reduce_scatter_p = Primitive("jtd_matmul_reduce_scatter")
+matmul_all_reduce_p = Primitive("jtd_matmul_all_reduce")
+
+
+def _operands(x, w, axes):
+    return collective.vary(x, axes), collective.vary(w, axes)
+
+
+def bind_all_gather_matmul(x, w, *, axes, groups, size):
+    return all_gather_matmul_p.bind(*_operands(x, w, axes), axes=axes, groups=groups,
+                                    size=size)
+
+
+def bind_matmul_reduce_scatter(x, w, *, axes, groups, size):
+    return matmul_reduce_scatter_p.bind(*_operands(x, w, axes), axes=axes, groups=groups,
+                                        size=size)
+
+
+def bind_matmul_all_reduce(x, w, *, axes, groups, size):
+    invariant = groups is None and jax_compat.checking_vma()
+    return matmul_all_reduce_p.bind(*_operands(x, w, axes), axes=axes, groups=groups,
+                                    size=size, invariant=invariant)
+
+
+def _dot(a, b, dtype):
+    """``a @ b`` accumulated in float32, in ``dtype`` (batched over leading dimensions)."""
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# Abstract evaluation
+# ---------------------------------------------------------------------------
+
+
+def _result(x, w, shape, minus=frozenset()):
+    vma = jax_compat.aval_varying(x) | jax_compat.aval_varying(w)
+    out = x.update(shape=tuple(shape), weak_type=False)
+    return jax_compat.with_varying(out, vma - minus)
+
+
+def _all_gather_matmul_abstract(x, w, *, axes, groups, size):
+    del axes, groups
+    return _result(x, w, (size * x.shape[0], w.shape[1]))
+
+
+def _matmul_reduce_scatter_abstract(x, w, *, axes, groups, size):
+    del axes, groups
+    return _result(x, w, (x.shape[0] // size, w.shape[1]))
+
+
+def _matmul_all_reduce_abstract(x, w, *, axes, groups, size, invariant):
+    del groups, size
+    return _result(x, w, (x.shape[0], w.shape[1]), frozenset(axes) if invariant else frozenset())
+
+
+# ---------------------------------------------------------------------------
+# Transposes (one operand undefined; ``ad.defbilinear`` derives the JVP)
+# ---------------------------------------------------------------------------
+
+
+def _gather(v, axes, groups, size):
+    return collective.bind_all_gather(v, axes=axes, groups=groups, size=size, axis=0,
+                                      tiled=True)
+
+
+def _all_gather_matmul_dx(ct, x, w, *, axes, groups, size):
+    del x  # d(all_gather(x) @ w) / dx: ct @ w.T, each rank's rows scattered back
+    return bind_matmul_reduce_scatter(ct, w.T, axes=axes, groups=groups, size=size)
+
+
+def _all_gather_matmul_dw(ct, x, w, *, axes, groups, size):
+    return _dot(_gather(x, axes, groups, size).T, ct, w.aval.dtype)
+
+
+def _matmul_reduce_scatter_dx(ct, x, w, *, axes, groups, size):
+    del x  # all_gather(ct) @ w.T
+    return bind_all_gather_matmul(ct, w.T, axes=axes, groups=groups, size=size)
+
+
+def _matmul_reduce_scatter_dw(ct, x, w, *, axes, groups, size):
+    return _dot(x.T, _gather(ct, axes, groups, size), w.aval.dtype)
+
+
+def _reduced_cotangent(ct, axes, groups, size, invariant):
+    """Every rank's share of ``psum(x @ w)``'s cotangent (see the all_reduce transpose)."""
+    if invariant:
+        return collective.vary(ct, axes)
+    return collective.bind_all_reduce(ct, axes=axes, groups=groups, size=size, op="sum",
+                                      method="auto")
+
+
+def _matmul_all_reduce_dx(ct, x, w, *, axes, groups, size, invariant):
+    total = _reduced_cotangent(ct, axes, groups, size, invariant)
+    return _dot(total, w.T, x.aval.dtype)
+
+
+def _matmul_all_reduce_dw(ct, x, w, *, axes, groups, size, invariant):
+    total = _reduced_cotangent(ct, axes, groups, size, invariant)
+    return _dot(x.T, total, w.aval.dtype)
+
+
+# ---------------------------------------------------------------------------
+# vmap: fold the batch into the rows of x or the columns of w
+# ---------------------------------------------------------------------------
+
+
+def _columns(w, d):
+    """``w`` batched at ``d`` as ``[K, B * N]`` (batch-major columns)."""
+    w = jnp.moveaxis(w, d, 1)
+    return w.reshape(w.shape[0], -1)
+
+
+def _unfold_columns(out, batch):
+    """``[R, B * N]`` back to ``[R, B, N]``: the batch at dimension 1."""
+    return out.reshape(out.shape[0], batch, -1), 1
+
+
+def _all_gather_matmul_batch(args, dims, *, axes, groups, size):
+    (x, w), (dx, dw) = args, dims
+    params = dict(axes=axes, groups=groups, size=size)
+    if dx is not None and dw is not None:
+        x, w = jnp.moveaxis(x, dx, 0), jnp.moveaxis(w, dw, 0)
+        gathered = collective.bind_all_gather(x, axis=1, tiled=True, **params)
+        return _dot(gathered, w, x.dtype), 0
+    if dw is None:  # rows (rank, b, i) -> [b, rank * m + i]
+        x = jnp.moveaxis(x, dx, 0)
+        batch, m = x.shape[:2]
+        out = bind_all_gather_matmul(x.reshape(batch * m, -1), w, **params)
+        out = out.reshape(size, batch, m, -1).transpose(1, 0, 2, 3)
+        return out.reshape(batch, size * m, -1), 0
+    out = bind_all_gather_matmul(x, _columns(w, dw), **params)
+    return _unfold_columns(out, w.shape[dw])
+
+
+def _matmul_reduce_scatter_batch(args, dims, *, axes, groups, size):
+    (x, w), (dx, dw) = args, dims
+    params = dict(axes=axes, groups=groups, size=size)
+    if dx is not None and dw is not None:
+        x, w = jnp.moveaxis(x, dx, 0), jnp.moveaxis(w, dw, 0)
+        product = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+        out = collective.bind_reduce_scatter(product, dim=1, tiled=True, op="sum", **params)
+        return out.astype(x.dtype), 0
+    if dw is None:  # segment r of every batch goes to rank r: rows (r, b, i)
+        x = jnp.moveaxis(x, dx, 0)
+        batch, rows, k = x.shape
+        seg = rows // size
+        x = x.reshape(batch, size, seg, k).transpose(1, 0, 2, 3).reshape(batch * rows, k)
+        out = bind_matmul_reduce_scatter(x, w, **params)
+        return out.reshape(batch, seg, -1), 0
+    out = bind_matmul_reduce_scatter(x, _columns(w, dw), **params)
+    return _unfold_columns(out, w.shape[dw])
+
+
+def _matmul_all_reduce_batch(args, dims, *, axes, groups, size, invariant):
+    (x, w), (dx, dw) = args, dims
+    params = dict(axes=axes, groups=groups, size=size)
+    if dx is not None and dw is not None:
+        x, w = jnp.moveaxis(x, dx, 0), jnp.moveaxis(w, dw, 0)
+        product = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+        out = collective.all_reduce_p.bind(product, op="sum", method="auto",
+                                           invariant=invariant, **params)
+        return out.astype(x.dtype), 0
+    if dw is None:
+        x = jnp.moveaxis(x, dx, 0)
+        batch, m = x.shape[:2]
+        out = matmul_all_reduce_p.bind(x.reshape(batch * m, -1), w, invariant=invariant,
+                                       **params)
+        return out.reshape(batch, m, -1), 0
+    out = matmul_all_reduce_p.bind(x, _columns(w, dw), invariant=invariant, **params)
+    return _unfold_columns(out, w.shape[dw])
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+
+
+def _lowering(run):
+    def rule(ctx, x, w, **params):
+        return mlir.lower_fun(functools.partial(run, **params), multiple_results=False)(
+            ctx, x, w)
+    return rule
+
+
+def _no_impl(name):
+    def impl(*args, **params):
+        raise ValueError(f"{name} must be called inside jax.shard_map")
+    return impl
+
+
+for _prim, _abstract, _dx, _dw, _batch, _run in (
+        (all_gather_matmul_p, _all_gather_matmul_abstract, _all_gather_matmul_dx,
+         _all_gather_matmul_dw, _all_gather_matmul_batch, launch.all_gather_matmul),
+        (matmul_reduce_scatter_p, _matmul_reduce_scatter_abstract, _matmul_reduce_scatter_dx,
+         _matmul_reduce_scatter_dw, _matmul_reduce_scatter_batch,
+         launch.matmul_reduce_scatter),
+        (matmul_all_reduce_p, _matmul_all_reduce_abstract, _matmul_all_reduce_dx,
+         _matmul_all_reduce_dw, _matmul_all_reduce_batch, launch.matmul_all_reduce)):
+    _prim.def_impl(_no_impl(_prim.name))
+    _prim.def_abstract_eval(_abstract)
+    ad.defbilinear(_prim, _dx, _dw)
+    batching.primitive_batchers[_prim] = _batch
+    mlir.register_lowering(_prim, _lowering(_run))
+del _prim, _abstract, _dx, _dw, _batch, _run
