@@ -17,8 +17,8 @@ import numpy as np
 
 from jax_triton_dist.runtime.call_site import TeamAxes
 
-__all__ = ["UnboundAxisError", "as_tuple", "manual_mesh", "team", "axis_size",
-           "check_groups"]
+__all__ = ["UnboundAxisError", "as_tuple", "manual_axes", "vmap_axis_size", "manual_mesh",
+           "team", "axis_size", "check_groups"]
 
 
 class UnboundAxisError(NameError, ValueError):
@@ -36,6 +36,23 @@ def as_tuple(axis_name: Any, fn: str) -> tuple[Hashable, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"{fn}: axis_name {axis_name!r} names an axis twice")
     return names
+
+
+def manual_axes() -> frozenset[str]:
+    """The enclosing shard_map's manual axes (empty outside any)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    names = tuple(getattr(mesh, "axis_names", ()) or ())
+    return frozenset(getattr(mesh, "manual_axes", names)) & frozenset(names)
+
+
+def vmap_axis_size(name: Hashable) -> int | None:
+    """The size of ``name`` if a ``jax.vmap`` (not a mesh) binds it, else None."""
+    if name in manual_axes():
+        return None
+    try:
+        return int(jax.lax.axis_size(name))
+    except (NameError, ValueError, KeyError, TypeError):
+        return None
 
 
 def manual_mesh(axis_name: Any) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -90,12 +107,13 @@ def axis_size(axis_name: Any) -> int:
     return _positions(axis_name, "axis_size")[0].num_ranks
 
 
-def check_groups(groups: Any, size: int, fn: str) -> tuple[tuple[int, ...], ...] | None:
+def check_groups(groups: Any, size: int, fn: str, *, equal: bool = True
+                 ) -> tuple[tuple[int, ...], ...] | None:
     """``axis_index_groups`` as a tuple of tuples, checked against an axis of ``size``.
 
     Raises:
-      ValueError: the groups do not cover ``range(size)`` exactly once.
-      NotImplementedError: groups of different sizes.
+      ValueError: the groups do not cover ``range(size)`` exactly once, or (``equal``)
+        have different sizes.
     """
     if groups is None:
         return None
@@ -108,16 +126,17 @@ def check_groups(groups: Any, size: int, fn: str) -> tuple[tuple[int, ...], ...]
     if sorted(flat) != list(range(size)):
         raise ValueError(f"{fn}: axis_index_groups must cover all indices exactly once: got "
                          f"{[list(g) for g in canonical]} for an axis of size {size}")
-    if len({len(g) for g in canonical}) != 1:
-        raise NotImplementedError(
-            f"{fn}: axis_index_groups of different sizes ({[len(g) for g in canonical]}) are "
-            "not supported: every team of a call runs one kernel built for one rank count")
+    if equal and len({len(g) for g in canonical}) != 1:
+        raise ValueError(
+            f"{fn}: axis_index_groups must all be the same size, got sizes "
+            f"{[len(g) for g in canonical]} (only psum, pmax and pmin take groups of "
+            "different sizes, as in jax.lax)")
     return canonical
 
 
 def team(axis_name: Any, fn: str, groups: Sequence[Sequence[int]] | None = None) -> TeamAxes:
-    """The teams of a call over ``axis_name`` (and ``axis_index_groups``) in the enclosing
-    ``shard_map``.
+    """The teams of a call over ``axis_name`` (and ``axis_index_groups``, of equal sizes)
+    in the enclosing ``shard_map``.
 
     Raises:
       ValueError: not inside ``shard_map``, unknown or repeated axis, bad groups.

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from jax_triton_dist import axis_names, collectives
+from jax_triton_dist import collectives
 
 __all__ = ["psum", "pmax", "pmin", "pmean", "all_gather", "psum_scatter", "all_to_all"]
 
@@ -45,7 +45,7 @@ def pmean(x: Any, axis_name: Any, *, axis_index_groups: Any = None) -> Any:
     if axis_index_groups is not None:
         size = len(axis_index_groups[0])
     else:
-        size = axis_names.axis_size(axis_name)
+        size = jax.lax.axis_size(axis_name)  # mesh and vmap axes alike
     return jax.tree.map(lambda v: v / size, total)
 
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import triton
 
 from jax_triton_dist.collectives import all_to_all
+from jax_triton_dist.compiler_axes import every_axis_manual
 from jax_triton_dist.kernels.moe import moe_combine_kernel, moe_dispatch_kernel
 from jax_triton_dist.tiles import moe_combine_blocks, moe_dispatch_blocks
 from jax_triton_dist.triton_call import Workspace, axis_size, triton_call
@@ -60,6 +61,7 @@ def _check(tokens, expert_ids, num_experts, world) -> None:
                          f"{world} ranks")
 
 
+@every_axis_manual
 def moe_dispatch(tokens: Any, expert_ids: Any, axis_name: str, *, num_experts: int,
                  capacity: int | None = None) -> tuple[jax.Array, MoERouting]:
     """Sends each (token, choice) to the rank owning its expert; see the module docstring.
@@ -115,6 +117,7 @@ def moe_dispatch(tokens: Any, expert_ids: Any, axis_name: str, *, num_experts: i
     return expert_inputs, routing
 
 
+@every_axis_manual
 def moe_combine(expert_outputs: Any, routing: MoERouting, weights: Any,
                 axis_name: str) -> jax.Array:
     """Brings the experts' outputs back to their tokens: ``sum_i weights[t, i] * out[t, i]``.

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_triton_dist import axis_names, dtypes
+from jax_triton_dist.compiler_axes import every_axis_manual
 from jax_triton_dist.language import bounds
 from jax_triton_dist.runtime import call_site, ffi_targets, jax_compat, site_uses
 from jax_triton_dist.shmem import settings
@@ -98,6 +99,7 @@ def _grid(grid: Any, kwargs: dict[str, Any]) -> tuple[int, ...]:
     return tuple(int(g) for g in grid)
 
 
+@every_axis_manual
 def triton_call(
     kernel: Any,
     *args: Any,

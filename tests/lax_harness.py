@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -42,28 +43,33 @@ def _shards(value: Any) -> list[tuple[Any, np.ndarray]]:
 
 
 def _close(want: np.ndarray, got: np.ndarray, exact: bool, where: str) -> None:
-    if exact or not np.issubdtype(want.dtype, np.inexact):
+    if exact or not jnp.issubdtype(want.dtype, jnp.inexact):
         assert want.tobytes() == got.tobytes(), (
             f"{where}: not bit-identical\nwant {want}\ngot  {got}")
         return
     rtol = _RTOL.get(want.dtype, _RTOL_FLOAT8)
-    work = np.complex128 if np.issubdtype(want.dtype, np.complexfloating) else np.float64
+    work = np.complex128 if jnp.issubdtype(want.dtype, jnp.complexfloating) else np.float64
     want, got = want.astype(work), got.astype(work)
     scale = max(1.0, float(np.abs(want).max(initial=0.0)))
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale, err_msg=where)
 
 
-def assert_same(reference: Any, ours: Any, *, exact: bool = True) -> None:
+def assert_same(reference: Any, ours: Any, *, exact: bool = True, per_shard: bool = True
+                ) -> None:
     """Same tree, shapes, dtypes and, on every device, the same values: bit-identical when
     ``exact`` (data movement, integer reductions), else within the reduction tolerance
-    of the dtype."""
+    of the dtype. ``per_shard=False``: compare whole arrays (results of differently
+    sharded programs, e.g. vmap against pmap)."""
     ref_leaves, ref_tree = jax.tree.flatten(reference)
     our_leaves, our_tree = jax.tree.flatten(ours)
     assert ref_tree == our_tree, f"trees differ: {ref_tree} vs {our_tree}"
     for n, (want, got) in enumerate(zip(ref_leaves, our_leaves, strict=True)):
         assert np.shape(want) == np.shape(got), f"leaf {n}: {np.shape(want)} vs {np.shape(got)}"
         assert np.asarray(want).dtype == np.asarray(got).dtype, f"leaf {n}: dtypes differ"
-        want_shards, got_shards = _shards(want), _shards(got)
+        if per_shard:
+            want_shards, got_shards = _shards(want), _shards(got)
+        else:
+            want_shards, got_shards = [(None, np.asarray(want))], [(None, np.asarray(got))]
         assert len(want_shards) == len(got_shards), f"leaf {n}: shard counts differ"
         for (index, w), (got_index, g) in zip(want_shards, got_shards, strict=True):
             assert index == got_index, f"leaf {n}: shard {index} vs {got_index}"

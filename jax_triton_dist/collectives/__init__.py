@@ -25,8 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_triton_dist import axis_names
-from jax_triton_dist.collectives import element_types, primitives
+from jax_triton_dist.collectives import element_types, primitives, uneven_groups
 from jax_triton_dist.collectives.launch import ONE_SHOT_MAX_BYTES
+from jax_triton_dist.compiler_axes import every_axis_manual
 from jax_triton_dist.runtime import jax_compat
 
 __all__ = [
@@ -58,15 +59,39 @@ def _axis(axis: int, ndim: int, what: str, fn: str) -> int:
 
 def _team(axis_name: Any, groups: Groups, fn: str):
     """``(axes, groups, size)`` of a call: the names as a tuple, the checked groups, the
-    ranks per team."""
+    ranks per team (over the mesh axes, times the sizes of any ``jax.vmap`` axes named)."""
     axes = axis_names.as_tuple(axis_name, fn)
     if not axes:  # jax.lax returns the operand
         return (), None, 1
     if any(isinstance(a, (int, np.integer)) for a in axes):
         raise TypeError(f"{fn}: positional (integer) axes {axis_name!r} are not supported; "
                         "name shard_map mesh axes")
-    team = axis_names.team(axes, fn, groups)
-    return axes, team.groups, team.num_ranks
+    vmapped = {a: axis_names.vmap_axis_size(a) for a in axes}
+    vmapped = {a: n for a, n in vmapped.items() if n is not None}
+    if vmapped and groups is not None:
+        raise NotImplementedError(f"{fn}: axis_index_groups are not supported over vmap axes "
+                                  f"({sorted(vmapped)}), as in jax.lax")
+    mesh_axes = tuple(a for a in axes if a not in vmapped)
+    size = int(np.prod(list(vmapped.values()), dtype=np.int64))
+    if not mesh_axes:
+        return axes, None, size
+    team = axis_names.team(mesh_axes, fn, groups)
+    return axes, team.groups, team.num_ranks * size
+
+
+def _uneven_groups(axis_name: Any, groups: Groups) -> tuple[tuple[int, ...], ...] | None:
+    """``axis_index_groups`` when they have different sizes (checked), else None."""
+    names = axis_names.as_tuple(axis_name, "all_reduce")
+    if groups is None or not names or any(axis_names.vmap_axis_size(a) for a in names):
+        return None  # the team's checks report what is wrong
+    try:
+        sizes = {len(g) for g in groups}
+    except TypeError:
+        return None  # reported by the team's check
+    if len(sizes) < 2:
+        return None
+    return axis_names.check_groups(groups, axis_names.axis_size(axis_name), "all_reduce",
+                                   equal=False)
 
 
 def _leaf(x: Any, fn: str) -> jax.Array:
@@ -93,6 +118,7 @@ def _check_parts(n: int, world: int, what: str, fn: str, tiled: bool, axis_name:
 GATHER_RESULTS = ("varying", "invarying")
 
 
+@every_axis_manual
 def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
                axis_index_groups: Groups = None, to: str = "varying") -> Any:
     """Gathers ``x`` from every rank of ``axis_name``; same result as ``jax.lax.all_gather``.
@@ -136,6 +162,7 @@ def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
     return jax.tree.map(one, x)
 
 
+@every_axis_manual
 def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0, tiled: bool = False,
                    op: str = "sum", axis_index_groups: Groups = None) -> Any:
     """Reduces ``x`` over the ranks and scatters the result; like ``jax.lax.psum_scatter``.
@@ -176,6 +203,7 @@ def _xla_all_reduce(x, axis_name, op, groups):
     return fn(x, axis_name, axis_index_groups=groups)
 
 
+@every_axis_manual
 def all_reduce(x: Any, axis_name: Any, *, op: str = "sum", method: str = "auto",
                axis_index_groups: Groups = None) -> Any:
     """Reduces ``x`` over the ranks of ``axis_name``; like ``jax.lax.psum`` / ``pmax`` / ``pmin``.
@@ -191,7 +219,8 @@ def all_reduce(x: Any, axis_name: Any, *, op: str = "sum", method: str = "auto",
         traffic, for large messages), ``"auto"`` (one-shot up to
         :data:`ONE_SHOT_MAX_BYTES` per rank), or ``"xla"`` (``jax.lax``, as a reference).
       axis_index_groups: groups of indices along ``axis_name`` that reduce among
-        themselves.
+        themselves. Groups of different sizes are allowed (as in ``jax.lax``); they run
+        as an all-gather of the whole axis and a local reduction (``uneven_groups.py``).
 
     Returns:
       The reduction; a ``bool`` sum is ``int32``. Without ``axis_index_groups`` it does
@@ -201,7 +230,8 @@ def all_reduce(x: Any, axis_name: Any, *, op: str = "sum", method: str = "auto",
     if method not in ALL_REDUCE_METHODS:
         raise ValueError(f"all_reduce: method must be one of {list(ALL_REDUCE_METHODS)}, "
                          f"got {method!r}")
-    axes, groups, size = _team(axis_name, axis_index_groups, "all_reduce")
+    uneven = _uneven_groups(axis_name, axis_index_groups)
+    axes, groups, size = _team(axis_name, None if uneven else axis_index_groups, "all_reduce")
     if not axes:
         return x
 
@@ -210,18 +240,23 @@ def all_reduce(x: Any, axis_name: Any, *, op: str = "sum", method: str = "auto",
             leaf = _leaf(leaf, "all_reduce")
             if op != "sum":
                 return leaf
-            return leaf.astype(element_types.sum_result_type(leaf.dtype)) * size
+            if not uneven:
+                return leaf.astype(element_types.sum_result_type(leaf.dtype)) * size
+            # groups of different sizes: each rank's sum counts its own group
         leaf = _leaf(leaf, "all_reduce")
         if op == "sum":
             leaf = leaf.astype(element_types.sum_result_type(leaf.dtype))
         element_types.reduction_type(leaf.dtype, op, "all_reduce")
         if method == "xla":
-            return _xla_all_reduce(leaf, axes, op, groups)
+            return _xla_all_reduce(leaf, axes, op, uneven or groups)
+        if uneven:
+            return uneven_groups.all_reduce(leaf, axes=axes, groups=uneven, size=size, op=op)
         return primitives.bind_all_reduce(leaf, axes=axes, groups=groups, size=size, op=op,
                                           method=method)
     return jax.tree.map(one, x)
 
 
+@every_axis_manual
 def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
                tiled: bool = False, axis_index_groups: Groups = None) -> Any:
     """Sends part ``p`` of ``x`` to rank ``p``; like ``jax.lax.all_to_all``.

@@ -27,7 +27,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_triton_dist import axis_names
-from jax_triton_dist.collectives import launch
+from jax_triton_dist.collectives import launch, vmap_axes
 from jax_triton_dist.runtime import jax_compat
 
 __all__ = ["all_gather_p", "reduce_scatter_p", "all_reduce_p", "all_to_all_p", "vary_p",
@@ -47,12 +47,13 @@ all_to_all_p = Primitive("jtd_all_to_all")
 
 
 def vary(x, axes):
-    """``x`` cast to vary over ``axes`` where it does not yet, when ``shard_map`` checks
-    varying axes (as ``jax.lax.pcast(..., to="varying")``, but its transpose, a sum, runs
-    the project's kernel)."""
+    """``x`` cast to vary over the mesh axes among ``axes`` where it does not yet, when
+    ``shard_map`` checks varying axes (as ``jax.lax.pcast(..., to="varying")``, but its
+    transpose, a sum, runs the project's kernel)."""
     if not jax_compat.checking_vma():
         return x
-    missing = tuple(a for a in axes if a not in jax_compat.varying_axes(x))
+    mesh = axis_names.manual_axes()
+    missing = tuple(a for a in axes if a in mesh and a not in jax_compat.varying_axes(x))
     if not missing:
         return x
     return vary_p.bind(x, axes=missing, size=axis_names.axis_size(missing))
@@ -205,6 +206,19 @@ def _vary_batch(args, dims, *, axes, size):
     return vary_p.bind(x, axes=axes, size=size), d
 
 
+def _named(standard, named_rule, bind):
+    """A batching rule aware of vmap axis names: ``named_rule`` when the op runs over the
+    vmapped axis itself (``vmap_axes.py``), else ``standard``."""
+    def rule(axis_data, args, dims, **params):
+        if axis_data.name in params["axes"]:
+            (x,), (d,) = args, dims
+            return named_rule(axis_data.name, axis_data.size, x, d, bind=bind, **params)
+        if all(d is None for d in dims):
+            return bind(*args, **params), None
+        return standard(args, dims, **params)
+    return rule
+
+
 def _all_gather_batch(args, dims, *, axes, groups, size, axis, tiled, invariant):
     (x,), (d,) = args, dims
     if d <= axis:
@@ -263,20 +277,20 @@ ad.deflinear2(vary_p, _vary_transpose)
 batching.primitive_batchers[vary_p] = _vary_batch
 mlir.register_lowering(vary_p, lambda ctx, x, **params: [x])
 
-for _prim, _abstract, _transpose, _batch, _run in (
+for _prim, _abstract, _transpose, _batch, _vmap_axis, _run in (
         (all_gather_p, _all_gather_abstract, _all_gather_transpose, _all_gather_batch,
-         launch.all_gather),
+         vmap_axes.all_gather, launch.all_gather),
         (reduce_scatter_p, _reduce_scatter_abstract, _reduce_scatter_transpose,
-         _reduce_scatter_batch, launch.reduce_scatter),
+         _reduce_scatter_batch, vmap_axes.reduce_scatter, launch.reduce_scatter),
         (all_reduce_p, _all_reduce_abstract, _all_reduce_transpose, _all_reduce_batch,
-         launch.all_reduce),
+         vmap_axes.all_reduce, launch.all_reduce),
         (all_to_all_p, _all_to_all_abstract, _all_to_all_transpose, _all_to_all_batch,
-         launch.all_to_all)):
+         vmap_axes.all_to_all, launch.all_to_all)):
     _prim.def_impl(_no_impl(_prim.name))
     _prim.def_abstract_eval(_abstract)
     ad.deflinear2(_prim, _transpose)
-    batching.primitive_batchers[_prim] = _batch
+    batching.fancy_primitive_batchers[_prim] = _named(_batch, _vmap_axis, _prim.bind)
     mlir.register_lowering(_prim, _lowering(_run))
 ad.primitive_jvps[all_reduce_p] = _checked_linear_jvp(all_reduce_p, "all_reduce")
 ad.primitive_jvps[reduce_scatter_p] = _checked_linear_jvp(reduce_scatter_p, "reduce_scatter")
-del _prim, _abstract, _transpose, _batch, _run
+del _prim, _abstract, _transpose, _batch, _vmap_axis, _run

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_triton_dist import axis_names, dtypes
+from jax_triton_dist.compiler_axes import every_axis_manual
 from jax_triton_dist.fused import primitives
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "GEMM_DTYPES"]
@@ -49,6 +50,7 @@ def _team(axis_name: Any, groups: Groups, fn: str) -> dict[str, Any]:
                 size=team.num_ranks)
 
 
+@every_axis_manual
 def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
                       axis_index_groups: Groups = None) -> jax.Array:
     """``all_gather(x, tiled=True) @ w`` in one kernel (column-parallel layer).
@@ -74,6 +76,7 @@ def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
         x, w, **_team(axis_name, axis_index_groups, "all_gather_matmul"))
 
 
+@every_axis_manual
 def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: int = 0,
                           axis_index_groups: Groups = None) -> jax.Array:
     """``psum_scatter(x @ w, scatter_dimension=0, tiled=True)`` in one kernel (row-parallel
@@ -104,6 +107,7 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: 
     return primitives.bind_matmul_reduce_scatter(x, w, **team)
 
 
+@every_axis_manual
 def matmul_all_reduce(x: Any, w: Any, axis_name: Any, *,
                       axis_index_groups: Groups = None) -> jax.Array:
     """``jax.lax.psum(x @ w, axis_name)`` in one kernel: each output tile is pushed to the
