@@ -12,10 +12,13 @@ Public API:
 * :mod:`jax_triton_dist.language` (``dl``) — the kernel language;
 * :mod:`jax_triton_dist.shmem` — the host SHMEM API;
 * :func:`heap_usage`, :func:`check_errors` — the runtime's heap use, asynchronous GPU
-  failures.
+  failures;
+* :mod:`jax_triton_dist.timeline` — intra-kernel timelines as Chrome traces;
+  :mod:`jax_triton_dist.testing` — a pytest plugin for distributed kernels;
+  ``python -m jax_triton_dist doctor`` and ``python -m jax_triton_dist.stress``.
 """
 
-from jax_triton_dist import lax, shmem
+from jax_triton_dist import lax, shmem, timeline
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 from jax_triton_dist.moe import MoERouting, moe_combine, moe_dispatch
@@ -23,7 +26,7 @@ from jax_triton_dist.status import Usage, check_errors, heap_usage
 from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, triton_call
 
 __all__ = [
-    "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem", "lax",
+    "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem", "lax", "timeline",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
     "moe_dispatch", "moe_combine", "MoERouting", "heap_usage", "Usage", "check_errors",

@@ -38,7 +38,7 @@ import numpy as np
 from jax_triton_dist import shmem
 from jax_triton_dist.language import device_abi
 from jax_triton_dist.language.device_abi import ParamKind
-from jax_triton_dist.runtime import call_site, cuda_dispatch, cuda_driver
+from jax_triton_dist.runtime import call_site, cuda_dispatch, cuda_driver, timeline_capture
 from jax_triton_dist.shmem import heap, lifetime
 
 __all__ = ["run_ranks"]
@@ -69,7 +69,7 @@ def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs,
         team_axes=call_site.TeamAxes(("x",), (world,), (0,)), params=params,
         inputs=[spec(a.shape, a.dtype) for a in inputs], symmetric=frozenset(symmetric),
         outputs=[spec(*o) for o in outputs], workspaces=[spec(*w) for w in workspaces],
-        kwargs=dict(kwargs), call_id=next(_ids))
+        kwargs=dict(kwargs), call_id=next(_ids), timeline=timeline_capture.capacity())
 
 
 def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],
@@ -94,6 +94,9 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
 
     Returns:
       ``results[call][rank][output]`` as NumPy arrays.
+
+    Inside ``jtd.timeline.record`` the launches are timed (every rank's programs, waits and
+    notifies on the GPU's clock), which shows how the ranks' work interleaved on the GPU.
     """
     if cuda_dispatch.launcher() is None or not cuda_driver.available():
         raise RuntimeError("one_gpu.run_ranks needs the CUDA launcher and a GPU "
@@ -104,6 +107,8 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     site = _site(kernel, world, first, outputs, workspaces, grid, kwargs, symmetric)
     team = call_site.TeamState(pes=list(range(world)), generation=lifetime.generation())
     contexts = cuda_dispatch.regions(site, team)
+    team.region = contexts
+    site.teams[()] = team
     signature, compiled = cuda_dispatch.compile_site(site.call_id, site)
     block = 32 * compiled.metadata.num_warps
     modules, functions, streams = [], [], []
@@ -160,4 +165,6 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
             drv.free(device, buf)
         for module in modules:
             drv.module_unload(device, module)
+        if site.timeline:  # inside jtd.timeline.record: keep the events
+            timeline_capture.harvest(site)
         heap.release(contexts[0][0] - heap.heap_base(0))

@@ -13,7 +13,14 @@ import numpy as np
 from jax_triton_dist import axis_names, dtypes
 from jax_triton_dist.compiler_axes import every_axis_manual
 from jax_triton_dist.language import bounds
-from jax_triton_dist.runtime import call_site, ffi_targets, jax_compat, site_uses
+from jax_triton_dist.runtime import (
+    call_site,
+    debug_settings,
+    ffi_targets,
+    jax_compat,
+    site_uses,
+    timeline_capture,
+)
 from jax_triton_dist.shmem import settings
 
 __all__ = ["triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size"]
@@ -171,6 +178,7 @@ def triton_call(
     label = _kernel_label(kernel)
     ffi_targets.register()
     settings.check_environment()  # a bad setting fails here, not on a device thread
+    debug_settings.check_environment()
     bounds.enabled()
     site_uses.drain()  # sites of executables that are gone release their regions
     team_axes = axis_names.team(axis_name, "triton_call", axis_index_groups)
@@ -216,6 +224,7 @@ def triton_call(
         kwargs=dict(kwargs),
         options={k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
                  if v is not None},
+        timeline=timeline_capture.capacity(),
     )
     call_id = call_site.register(site)
     coords = jnp.stack([jax.lax.axis_index(a) for a in team_axes.mesh_axes]).astype(jnp.int32)

@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export JTD_WAIT_TIMEOUT=${JTD_WAIT_TIMEOUT:-20}
 BENCH=${GPU_CHECK_BENCH-single-gpu collectives gemm}
-TESTS=${GPU_CHECK_TESTS-tests/test_gpu.py tests/test_gpu_faults.py tests/test_one_gpu.py tests/test_shmem.py tests/test_nvshmem.py tests/test_cuda_compile.py tests/test_device_abi.py}
+TESTS=${GPU_CHECK_TESTS-tests/test_gpu.py tests/test_gpu_faults.py tests/test_gpu_tooling.py tests/test_one_gpu.py tests/test_shmem.py tests/test_nvshmem.py tests/test_cuda_compile.py tests/test_device_abi.py}
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv

@@ -43,3 +43,41 @@ def test_single_gpu_launch_part_needs_a_gpu():
 
     with pytest.raises(RuntimeError, match="need a GPU"):
         single_gpu.run(1, "cpu", parts=("launch",))
+
+
+def test_plot_of_every_suite(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from jax_triton_dist.bench import plot
+
+    machine = {"device_kind": "cpu", "device_count": 2, "jax": "x", "date": "2026-12-04"}
+    suites = {
+        "collectives": [{"op": op, "bytes": b, "ranks": 2, "dtype": "float32", "ours_us": b / 9,
+                         "lax_us": b / 10} for op in ("all_gather", "all_reduce")
+                        for b in (1024, 4096)],
+        "gemm": [{"shape": "64x64x64", "dtype": "bfloat16", "ours_tflops": 1.0,
+                  "xla_tflops": 1.2}],
+        "single-gpu": [{"bench": "fused", "op": "all_gather_matmul", "shape": "64x64x64",
+                        "ours_us": 2.0, "tile_us": 1.9, "dot_us": 2.1},
+                       {"bench": "copy", "bytes": 1 << 20, "heap_gbps": 10.0, "d2d_gbps": 11.0},
+                       {"bench": "launch", "what": "trivial", "ours_us": 6.0, "bare_us": 4.0}],
+    }
+    for suite, rows in suites.items():
+        path = tmp_path / f"{suite}.json"
+        path.write_text(json.dumps({"suite": suite, "machine": machine, "results": rows}))
+        out = tmp_path / f"{suite}.png"
+        bench.main(["plot", str(path), "--out", str(out)])
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    with pytest.raises(ValueError, match="no plot for suite"):
+        plot.plot("unknown", [{}], machine, str(tmp_path / "x.png"))
+
+
+def test_collectives_benchmark_cli_plots(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "c.png"
+    bench.main(["collectives", "--sizes", "512", "2048", "--ranks", "2", "--iters", "1",
+                "--json", str(tmp_path / "c.json"), "--platform", "cpu", "--plot", str(out)])
+    assert out.stat().st_size > 5000

@@ -98,6 +98,7 @@ struct Plan {
   CUdeviceptr epoch_addr;
   volatile ErrorRecord* record;  // host view of the device's error record
   std::string label;             // the kernel, for the error message
+  int log_rank = -1;             // >= 0: JTD_LOG=launch; the launch logger gets each launch
   uint32_t epoch = 0;
   std::mutex mu;  // one device runs one call site's launches in order; guards `epoch`
 };
@@ -126,6 +127,7 @@ std::map<std::pair<int64_t, int>, std::unique_ptr<Plan>> g_plans;
 // Plans dropped by clear_plans stay allocated: a handler may still hold a pointer.
 std::vector<std::unique_ptr<Plan>> g_retired;
 nb::object* g_planner = nullptr;  // leaked: must outlive interpreter shutdown
+nb::object* g_launch_logger = nullptr;  // leaked likewise
 // At interpreter exit no first call may enter Python to plan (see cpu_dispatch.cc).
 std::atomic<int> g_planning{0};
 std::atomic<bool> g_closing{false};
@@ -204,6 +206,14 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
                          1, 1, plan->shared, stream, pointers.data(), nullptr);
   if (r != CUDA_SUCCESS) return Fail("cuLaunchKernel: " + ErrorText(r));
   plan->epoch = epoch;
+  if (plan->log_rank >= 0 && g_launch_logger != nullptr && !g_closing.load()) {
+    try {
+      nb::gil_scoped_acquire gil;
+      (*g_launch_logger)(call_id, device, plan->log_rank, epoch);
+    } catch (const std::exception& e) {
+      return Fail(std::string("the launch logger failed: ") + e.what());
+    }
+  }
   return ffi::Error::Success();
 }
 
@@ -242,16 +252,26 @@ NB_MODULE(_cuda, m) {
       },
       "planner"_a, "Sets the Python planner of first calls (runtime/cuda_dispatch.plan).");
   m.def(
+      "set_launch_logger",
+      [](nb::object logger) {
+        if (g_launch_logger == nullptr) g_launch_logger = new nb::object();
+        *g_launch_logger = std::move(logger);
+      },
+      "logger"_a,
+      "Sets what plans registered with a log rank call after each launch, as "
+      "logger(call_id, device, rank, epoch) (runtime/cuda_dispatch.log_launch).");
+  m.def(
       "set_plan",
       [](int64_t call_id, int device, uintptr_t module, uintptr_t function,
          std::vector<unsigned> grid, unsigned block, unsigned shared,
          std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>> params,
-         uint64_t epoch_addr, uintptr_t record, std::string label) {
+         uint64_t epoch_addr, uintptr_t record, std::string label, int log_rank) {
         auto plan = std::make_unique<Plan>();
         plan->module = reinterpret_cast<CUmodule>(module);
         plan->function = reinterpret_cast<CUfunction>(function);
         plan->record = reinterpret_cast<volatile ErrorRecord*>(record);
         plan->label = std::move(label);
+        plan->log_rank = log_rank;
         for (int i = 0; i < 3; ++i) plan->grid[i] = i < static_cast<int>(grid.size()) ? grid[i] : 1;
         plan->block = block;
         plan->shared = shared;
@@ -263,7 +283,7 @@ NB_MODULE(_cuda, m) {
         g_plans[{call_id, device}] = std::move(plan);
       },
       "call_id"_a, "device"_a, "module"_a, "function"_a, "grid"_a, "block"_a, "shared"_a,
-      "params"_a, "epoch_addr"_a, "record"_a, "label"_a);
+      "params"_a, "epoch_addr"_a, "record"_a, "label"_a, "log_rank"_a = -1);
   m.def(
       "close",
       [](double timeout_s) {

@@ -1,4 +1,5 @@
-"""``python -m jax_triton_dist.bench {collectives,gemm,single-gpu} [options] [--json PATH]``.
+"""``python -m jax_triton_dist.bench {collectives,gemm,single-gpu} [options] [--json PATH]
+[--plot PNG]``, and ``python -m jax_triton_dist.bench plot RESULTS.json --out PNG``.
 
 Without a GPU the suite runs on 8 simulated CPU devices (Triton's interpreter): a smoke
 test of the benchmark, not a performance record. With ``--platform gpu`` (or a GPU as
@@ -23,12 +24,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     coll.add_argument("--iters", type=int, default=5)
     coll.add_argument("--platform", default=None, help="cpu, gpu (default: JAX's default)")
     coll.add_argument("--json", default="bench_collectives.json", help="output JSON path")
+    coll.add_argument("--plot", default=None, metavar="PNG",
+                        help="also draw the results (needs matplotlib: pip install '.[plot]')")
     gemm = sub.add_parser("gemm", help="the GEMM tiles vs jnp.dot (one device)")
     gemm.add_argument("--shapes", nargs="+", default=None, help="MxNxK (default: the TP8 set)")
     gemm.add_argument("--iters", type=int, default=5)
     gemm.add_argument("--dtype", default="bfloat16")
     gemm.add_argument("--platform", default=None)
     gemm.add_argument("--json", default="bench_gemm.json", help="output JSON path")
+    gemm.add_argument("--plot", default=None, metavar="PNG",
+                        help="also draw the results (needs matplotlib: pip install '.[plot]')")
     single = sub.add_parser("single-gpu", help="triton_call launch overhead, copies into the "
                             "symmetric heap, fused ops at world size 1 (one GPU)")
     single.add_argument("--parts", nargs="+", default=["launch", "copy", "fused"],
@@ -38,11 +43,29 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     single.add_argument("--iters", type=int, default=10)
     single.add_argument("--platform", default=None)
     single.add_argument("--json", default="bench_single_gpu.json", help="output JSON path")
+    single.add_argument("--plot", default=None, metavar="PNG",
+                        help="also draw the results (needs matplotlib: pip install '.[plot]')")
+    draw = sub.add_parser("plot", help="draw a results JSON written by a suite")
+    draw.add_argument("results", help="a JSON file written with --json")
+    draw.add_argument("--out", required=True, metavar="PNG", help="image to write")
     return parser.parse_args(argv)
+
+
+def _finish(args: argparse.Namespace, suite: str, rows: list) -> None:
+    from jax_triton_dist.bench import plot, timing
+
+    timing.write_json(args.json, suite, rows)
+    if args.plot:
+        plot.plot(suite, rows, timing.machine(), args.plot)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.suite == "plot":
+        from jax_triton_dist.bench import plot
+
+        plot.plot_file(args.results, args.out)
+        return
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_force_host_platform_device_count=8").strip()
@@ -61,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         for part, rows in results.items():
             print(f"\n{part}")
             timing.print_table(rows, single_gpu.COLUMNS[part])
-        timing.write_json(args.json, "single-gpu", [r for rows in results.values() for r in rows])
+        _finish(args, "single-gpu", [r for rows in results.values() for r in rows])
         return
 
     if args.suite == "gemm":
@@ -71,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"GEMM tiles vs jnp.dot on {device.device_kind} ({device.platform}), {args.dtype}")
         rows = gemm.run(shapes, args.iters, args.dtype, args.platform)
         timing.print_table(rows, gemm.COLUMNS)
-        timing.write_json(args.json, "gemm", rows)
+        _finish(args, "gemm", rows)
         return
 
     devices = jax.devices(args.platform)
@@ -84,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.dtype}, median of {args.iters}")
     rows = collectives.run(sizes, ranks, args.dtype, args.iters, args.platform)
     timing.print_table(rows, collectives.COLUMNS)
-    timing.write_json(args.json, "collectives", rows)
+    _finish(args, "collectives", rows)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import triton.language as tl
 from triton.language import core
 
 from jax_triton_dist.language import device_abi
+from jax_triton_dist.language import timeline as _timeline
 from jax_triton_dist.language.compare import fails
 
 LIB_NAME = "libjtd_device"
@@ -56,7 +57,7 @@ class NeedsNvshmem(Exception):  # noqa: N818 - a signal to the compiler, not an 
 
 
 # How the kernel being compiled (in this thread) lowers the primitives; see `compiling`.
-_SETTINGS = {"num_ranks": None, "nvshmem": "absent"}
+_SETTINGS = {"num_ranks": None, "nvshmem": "absent", "timeline": None}
 _settings = threading.local()
 
 
@@ -65,7 +66,8 @@ def _setting(name: str):
 
 
 @contextlib.contextmanager
-def compiling(*, num_ranks: int | None = None, nvshmem: str = "absent"):
+def compiling(*, num_ranks: int | None = None, nvshmem: str = "absent",
+              timeline: tuple[int, int] | None = None):
     """Lowering of the kernel compiled inside the block.
 
     Args:
@@ -77,9 +79,13 @@ def compiling(*, num_ranks: int | None = None, nvshmem: str = "absent"):
       nvshmem: how ``dl.nvshmem`` calls compile: ``"linked"`` (NVSHMEM's device bitcode is
         linked), ``"available"`` (it can be: raise :class:`NeedsNvshmem`), or ``"absent"``
         (an error: not the nvshmem backend).
+      timeline: ``(offset, capacity)``: the launch is timed; its timeline area is ``offset``
+        bytes after the barrier area, ``capacity`` events per program
+        (``language/timeline.py``). None: no timeline code is compiled.
     """
     previous = {name: _setting(name) for name in _SETTINGS}
     _settings.num_ranks, _settings.nvshmem = num_ranks, nvshmem
+    _settings.timeline = timeline
     try:
         yield
     finally:
@@ -210,7 +216,9 @@ def symm_at(ptr, peer, _semantic):
     return _semantic.add(ptr, elements, True)
 
 
-def notify(ptr, peer, signal, sig_op: str, scope: str, _semantic):
+def notify(ptr, peer, signal, sig_op: str, scope: str, _semantic, _generator=None):
+    if _setting("timeline") is not None:
+        record(_timeline.Kind.NOTIFY, peer, _semantic, _generator)
     remote = symm_at(ptr, peer, _semantic)
     value = core.cast(_semantic.to_tensor(signal), remote.dtype.element_ty, _semantic=_semantic)
     update = core.atomic_xchg if sig_op == "set" else core.atomic_add
@@ -347,4 +355,62 @@ def wait(flag_ptrs, n, value, cmp: str, semantic: str, scope: str, _semantic, _g
     sem = "acquire" if semantic in ("acquire", "acq_rel") else "relaxed"
     args = [flag_ptrs, n, value, tl.constexpr(cmp), tl.constexpr(sem),
             tl.constexpr(_SCOPE_PTX[scope])]
-    return _generator.call_JitFunction(wait_loop, args, {})
+    timed = _setting("timeline") is not None
+    if timed:
+        record(_timeline.Kind.WAIT_START, 0, _semantic, _generator)
+    token = _generator.call_JitFunction(wait_loop, args, {})
+    if timed:
+        record(_timeline.Kind.WAIT_END, 0, _semantic, _generator)
+    return token
+
+
+# ---------------------------------------------------------------------------
+# The timeline of a timed launch (language/timeline.py)
+# ---------------------------------------------------------------------------
+
+
+@core.extern
+def _timeline_capacity(_semantic=None):
+    return _semantic.to_tensor(_setting("timeline")[1])
+
+
+@core.extern
+def _timeline_area(_semantic=None):
+    """Address of this program's block of the timeline area, as int64."""
+    offset, capacity = _setting("timeline")
+    area = _ctx_call("jtd_barrier_area", tl.int64, [], (), _semantic)
+    program = _semantic.program_id(0)
+    for axis in (1, 2):
+        size = _semantic.num_programs(axis - 1) if axis == 1 else _semantic.mul(
+            _semantic.num_programs(0), _semantic.num_programs(1), True)
+        program = _semantic.add(program, _semantic.mul(_semantic.program_id(axis), size, True),
+                                True)
+    program = core.cast(program, tl.int64, _semantic=_semantic)
+    block = _semantic.mul(program, _semantic.to_tensor(_timeline.program_stride(capacity)),
+                          True)
+    return _semantic.add(_semantic.add(area, _semantic.to_tensor(offset), True), block, True)
+
+
+@triton.jit
+def record_event(kind, arg):
+    """Appends ``(time, kind, epoch, arg)`` to this program's timeline block (a relaxed
+    counter picks the slot; events past the capacity are only counted)."""
+    block = _timeline_area()
+    index = tl.atomic_add(block.to(tl.pointer_type(tl.int64)), 1, sem="relaxed", scope="gpu")
+    if index < _timeline_capacity():
+        event = (block + 8 + index.to(tl.int64) * 32).to(tl.pointer_type(tl.int64))
+        tl.store(event, _globaltimer())
+        tl.store(event + 1, tl.cast(kind, tl.int64))
+        tl.store(event + 2, _epoch().to(tl.int64))
+        tl.store(event + 3, tl.cast(arg, tl.int64))
+
+
+def record(kind: int, arg, _semantic, _generator) -> None:
+    """Emits :func:`record_event` (the kernel is timed)."""
+    args = [_semantic.to_tensor(int(kind)), _semantic.to_tensor(arg)]
+    _generator.call_JitFunction(record_event, args, {})
+
+
+def timed() -> bool:
+    """Whether the kernel being compiled is timed."""
+    return _setting("timeline") is not None

@@ -30,6 +30,7 @@ from triton.runtime import interpreter as _interp
 from jax_triton_dist.language import ascend as _ascend
 from jax_triton_dist.language import bounds
 from jax_triton_dist.language import compiled as _compiled
+from jax_triton_dist.language import timeline as _timeline
 from jax_triton_dist.language.context import current
 from jax_triton_dist.shmem.signals import Cmp, SignalOp
 
@@ -240,8 +241,10 @@ def _wait_interp(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="
     itemsize = element.primitive_bitwidth // 8
     bounds.check(np.array(addresses, np.uint64), None, itemsize, "dl.wait", str(element))
     who = f"{ctx.who()}: dl.wait(cmp={cmp!r})"
+    _timeline.record_interpreted(_timeline.Kind.WAIT_START)
     _host_atomics().wait_flags(addresses, itemsize, element.is_int_signed(), CMPS[cmp],
                                expected, ctx.timeout, who, ctx.abort_word, ctx.epoch)
+    _timeline.record_interpreted(_timeline.Kind.WAIT_END)
     return _scalar(0, tl.int32)
 
 
@@ -273,6 +276,8 @@ def _notify_interp(ptr, peer, signal=1, sig_op="set", scope="gpu"):
     value = _scalar_int(signal, "signal") & ((1 << element.primitive_bitwidth) - 1)
     remote = _translate(data, peer, "notify")
     bounds.check(remote, None, element.primitive_bitwidth // 8, "dl.notify", str(element))
+    peers = _ints(peer).reshape(-1)
+    _timeline.record_interpreted(_timeline.Kind.NOTIFY, int(peers[0]) if peers.size == 1 else -1)
     for address in remote.reshape(-1):
         _host_atomics().signal_op(int(address), value, SIG_OPS[sig_op],
                                element.primitive_bitwidth // 8)
@@ -285,7 +290,7 @@ def notify(ptr, peer, signal=1, sig_op="set", scope="gpu", _semantic=None, _gene
     The update has release semantics: writes made before it are visible to a rank that
     observes the flag with ``wait``.
     """
-    return _compiled.notify(ptr, peer, signal, sig_op, scope, _semantic)
+    return _compiled.notify(ptr, peer, signal, sig_op, scope, _semantic, _generator)
 
 
 @_primitive(lambda x, token: x)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from jax_triton_dist import shmem
+from jax_triton_dist.language import timeline
 from jax_triton_dist.shmem import heap, lifetime
 from jax_triton_dist.shmem.settings import aligned
 
@@ -54,6 +55,7 @@ class RegionLayout:
     workspaces: list[int]
     staging: dict[int, tuple[int, int]]  # operand -> (slot of even epochs, of odd ones)
     total: int
+    timeline: int = 0  # timed sites: the timeline area (language/timeline.py); else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +136,8 @@ class CallSite:
       workspaces: per-rank symmetric workspace specs.
       kwargs: keyword (constexpr) arguments.
       options: compiled backends' compile options (``num_warps``, ``num_stages``).
+      timeline: events each program records (the site is timed: ``jtd.timeline``); 0: not
+        timed.
     """
 
     kernel: Any
@@ -147,6 +151,7 @@ class CallSite:
     workspaces: list[ArraySpec]
     kwargs: dict[str, Any]
     options: dict[str, int] = dataclasses.field(default_factory=dict)
+    timeline: int = 0
     call_id: int = 0  # set by register()
     teams: dict[tuple[int, ...], TeamState] = dataclasses.field(default_factory=dict)
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
@@ -161,12 +166,18 @@ class CallSite:
         """Ranks per team."""
         return self.team_axes.num_ranks
 
-    # -- symmetric region: [barrier counters, abort word | workspaces | staging x2] --
+    @property
+    def programs(self) -> int:
+        """Programs per launch."""
+        return int(np.prod(self.grid, dtype=np.int64))
+
+    # -- symmetric region: [barrier counters, abort word | workspaces | staging x2 |
+    #    timeline] --
 
     @functools.cached_property
     def region_layout(self) -> RegionLayout:
-        """Offsets inside the region: barrier area, abort word, workspaces, staging slots;
-        total size."""
+        """Offsets inside the region: barrier area, abort word, workspaces, staging slots,
+        timeline area; total size."""
         cursor = aligned(8 * self.num_ranks + 8)
         workspace_offsets = []
         for spec in self.workspaces:
@@ -177,7 +188,12 @@ class CallSite:
             size = aligned(self.inputs[index].nbytes)
             staging[index] = (cursor, cursor + size)
             cursor += 2 * size
-        return RegionLayout(0, 8 * self.num_ranks, workspace_offsets, staging, cursor)
+        timeline_offset = 0
+        if self.timeline:
+            timeline_offset = cursor
+            cursor += aligned(timeline.area_bytes(self.programs, self.timeline))
+        return RegionLayout(0, 8 * self.num_ranks, workspace_offsets, staging, cursor,
+                            timeline_offset)
 
     def join(self, coords: tuple[int, ...], pe: int, timeout: float,
              allocate: Callable[[CallSite, TeamState], Any]) -> tuple[int, TeamState]:

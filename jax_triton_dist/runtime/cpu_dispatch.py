@@ -23,7 +23,15 @@ from triton.runtime.errors import InterpreterError
 from jax_triton_dist import _ffi, shmem
 from jax_triton_dist.language import bounds, context
 from jax_triton_dist.language.device_abi import staging_slot
-from jax_triton_dist.runtime import call_site, interpreter, site_uses
+from jax_triton_dist.runtime import (
+    call_site,
+    debug_settings,
+    interpreter,
+    ir_dump,
+    launch_log,
+    site_uses,
+    timeline_capture,
+)
 from jax_triton_dist.shmem import heap, host_atomics, settings
 
 __all__ = ["dispatch", "EXIT_GRACE_S"]
@@ -135,6 +143,14 @@ def _abort_team(site: call_site.CallSite, team: call_site.TeamState, rank: int, 
             host_atomics.signal_op(word, epoch, shmem.SignalOp.SET, 8)
 
 
+def _dump_cuda_compile(site: call_site.CallSite, device_ordinal: int) -> None:
+    """``JTD_DUMP_IR`` on CPU: the kernel compiled for CUDA (what a GPU would run)."""
+    from jax_triton_dist.runtime import cuda_dispatch
+
+    signature, kernel = cuda_dispatch.compile_site(site.call_id, site)
+    ir_dump.dump(site, device_ordinal, kernel, signature, "cuda (compiled on the CPU backend)")
+
+
 def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int]) -> None:
     site = call_site.lookup(call_id)
     _ensure_shmem(device_ordinal)
@@ -159,14 +175,26 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
         timeout=timeout,
         label=site.label,
         abort_word=base + site.region_layout.abort,
+        timeline=[] if site.timeline else None,
     )
+    if epoch == 1:
+        launch_log.plan(site, device_ordinal, rank, team, "host")
+        if debug_settings.dump_ir_dir() is not None:
+            _dump_cuda_compile(site, device_ordinal)
+    launch_log.launch(site.label, site.call_id, device_ordinal, rank, site.num_ranks,
+                      tuple(team.pes), epoch, site.grid)
     try:
         args, buffers = _kernel_args(site, device_ordinal, epoch, team.region, arg_ptrs,
                                      ret_ptrs)
         limits = bounds.Bounds(buffers + _team_buffers(site, team), ctx.who()) if (
             bounds.enabled()) else None
         with shmem.as_pe(device_ordinal), context.active(ctx), bounds.checking(limits):
-            interpreter.launch(site.kernel, site.grid, args, site.kwargs)
+            try:
+                interpreter.launch(site.kernel, site.grid, args, site.kwargs)
+            finally:
+                if ctx.timeline is not None:
+                    timeline_capture.add_events(site, device_ordinal, device_ordinal, rank,
+                                                ctx.timeline)
     except shmem.ShmemAbortedError as error:
         cause = team.failures.get(epoch)
         raise shmem.ShmemAbortedError(f"{error}: {cause}" if cause else str(error)

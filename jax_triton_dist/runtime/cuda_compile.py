@@ -19,7 +19,7 @@ from triton.runtime.jit import mangle_type
 
 from jax_triton_dist import dtypes
 from jax_triton_dist.language import compiled as _compiled
-from jax_triton_dist.language import device_abi
+from jax_triton_dist.language import device_abi, timed_kernel
 from jax_triton_dist.runtime import interpreter
 
 __all__ = ["compile_kernel", "signature_of", "divisibility", "uses_nvshmem"]
@@ -89,45 +89,53 @@ def _lowering_key() -> str:
     """Hash of the Python that lowers the ``dl`` primitives. Triton's cache key covers the
     ``@triton.jit`` sources and the extern libraries' contents, not this: without it a
     changed lowering would reuse stale cubins."""
-    from jax_triton_dist.language import nvshmem, primitives
+    from jax_triton_dist.language import nvshmem, primitives, timed_kernel, timeline
 
     digest = hashlib.sha256()
     for path in (_compiled.__file__, primitives.__file__, nvshmem.__file__,
-                 device_abi.__file__):
+                 device_abi.__file__, timeline.__file__, timed_kernel.__file__):
         with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()
 
 
 class _Source(ASTSource):
-    def __init__(self, *args, num_ranks: int | None = None, **kwargs):
+    def __init__(self, *args, num_ranks: int | None = None,
+                 timeline: tuple[int, int] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.num_ranks = num_ranks
+        self.timeline = timeline
 
     def hash(self):
-        key = f"{super().hash()}-{_lowering_key()}-ranks{self.num_ranks}"
+        key = f"{super().hash()}-{_lowering_key()}-ranks{self.num_ranks}-tl{self.timeline}"
         return hashlib.sha256(key.encode()).hexdigest()
 
 
 def compile_kernel(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any], *,
                    attrs: dict | None = None, capability: int = 90, num_warps: int = 4,
                    num_stages: int = 3, num_ranks: int | None = None,
-                   nvshmem_device_lib: str | None = None):
+                   nvshmem_device_lib: str | None = None,
+                   timeline: tuple[int, int] | None = None):
     """``triton.compile`` for ``sm_<capability>`` with the device library linked.
 
     ``num_ranks``: the launch's rank count, compiled in as a constant (loops over ranks
     get constant bounds; one rank folds every exchange away); None reads it at run time.
     ``nvshmem_device_lib``: NVSHMEM's ``libnvshmem_device.bc``, linked so that the kernel
     may make ``dl.nvshmem`` calls (its module then needs ``nvshmemx_cumodule_init``).
+    ``timeline``: ``(offset, capacity)`` of a timed launch's timeline area (see
+    ``language.compiled.compiling``): the kernel records its programs' start and end and
+    the primitives their events; None: the kernel is compiled as it is.
     """
+    if timeline is not None:
+        kernel = timed_kernel.timed(kernel)
     source = _Source(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs,
-                     num_ranks=num_ranks)
+                     num_ranks=num_ranks, timeline=timeline)
     options = {"extern_libs": tuple(_compiled.extern_libs().items()), "num_warps": num_warps,
                "num_stages": num_stages}
     target = GPUTarget("cuda", capability, 32)
 
     def attempt(nvshmem: str):
-        with _compiled.compiling(num_ranks=num_ranks, nvshmem=nvshmem):
+        with _compiled.compiling(num_ranks=num_ranks, nvshmem=nvshmem, timeline=timeline):
             return triton.compile(source, target=target, options=options)
 
     try:

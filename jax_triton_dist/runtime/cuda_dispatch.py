@@ -16,6 +16,7 @@ import atexit
 import ctypes
 import struct
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,15 @@ import numpy as np
 from jax_triton_dist import dtypes, shmem
 from jax_triton_dist.language import device_abi
 from jax_triton_dist.language.device_abi import ParamKind
-from jax_triton_dist.runtime import call_site, cuda_compile, cuda_driver, site_uses
+from jax_triton_dist.runtime import (
+    call_site,
+    cuda_compile,
+    cuda_driver,
+    ir_dump,
+    launch_log,
+    site_uses,
+    timeline_capture,
+)
 from jax_triton_dist.shmem import heap, lifetime, nvshmem_bootstrap, rendezvous
 from jax_triton_dist.shmem.settings import aligned
 
@@ -32,7 +41,7 @@ try:  # built only where the CUDA headers were found
 except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
-__all__ = ["plan", "bind_context", "ensure_shmem", "regions", "compile_site",
+__all__ = ["plan", "log_launch", "bind_context", "ensure_shmem", "regions", "compile_site",
            "kernel_params", "launcher", "error_record", "take_failure", "check_errors"]
 
 _compile_lock = threading.Lock()
@@ -208,16 +217,20 @@ def compile_site(call_id: int, site: call_site.CallSite):
     """Triton signature and compiled kernel of a call site (compiled once)."""
     with _compile_lock:
         if call_id not in _compiled:
+            start = time.perf_counter()
             positional = _positional(site)
             signature, constexprs = cuda_compile.signature_of(site.kernel, positional,
                                                               site.kwargs)
             attrs = cuda_compile.divisibility(signature, positional, site.kwargs)
+            timeline = ((site.region_layout.timeline, site.timeline) if site.timeline
+                        else None)
             kernel = cuda_compile.compile_kernel(
                 site.kernel, signature, constexprs, attrs=attrs,
                 num_warps=site.options.get("num_warps", 4),
                 num_stages=site.options.get("num_stages", 3), num_ranks=site.num_ranks,
-                nvshmem_device_lib=_nvshmem_device_lib())
+                nvshmem_device_lib=_nvshmem_device_lib(), timeline=timeline)
             _compiled[call_id] = (signature, kernel)
+            launch_log.compiled(site, time.perf_counter() - start, "cuda sm_90")
         return _compiled[call_id]
 
 
@@ -302,6 +315,10 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
         rank, team = site.join(coords, device, shmem.wait_timeout(), regions)
     region, ctx = team.region[rank]
     signature, kernel = compile_site(call_id, site)
+    ir_dump.dump(site, device, kernel, signature, "cuda")
+    launch_log.plan(site, device, rank, team, heap.running_backend())
+    if site.timeline:
+        timeline_capture.planned_on_gpu(site)
     module, function = drv.load_function(device, kernel.asm["cubin"], kernel.metadata.name,
                                          kernel.metadata.shared)
     bind_context(device, module, kernel, ctx)
@@ -310,7 +327,20 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
     grid = list(site.grid) + [1] * (3 - len(site.grid))
     _cuda.set_plan(call_id, device, module, function, grid, 32 * kernel.metadata.num_warps,
                    kernel.metadata.shared, kernel_params(site, signature, region),
-                   ctx + device_abi.EPOCH_OFFSET, error_record(device)[0], site.label)
+                   ctx + device_abi.EPOCH_OFFSET, error_record(device)[0], site.label,
+                   rank if launch_log.enabled("launch") else -1)
+
+
+def log_launch(call_id: int, device: int, rank: int, epoch: int) -> None:
+    """A launch of a plan registered with logging on (``JTD_LOG=launch``); called by the
+    launcher after it enqueued the kernel."""
+    site = call_site.find(call_id)
+    if site is not None:
+        team = next((t for t in site.teams.values() if rank < len(t.pes)
+                     and t.pes[rank] is not None
+                     and lifetime.device_of(t.pes[rank]) == device), None)
+        launch_log.launch(site.label, call_id, device, rank, site.num_ranks,
+                          tuple(team.pes) if team else (), epoch, site.grid)
 
 
 def plan(call_id: int, device: int, coords_addr: int) -> str | None:

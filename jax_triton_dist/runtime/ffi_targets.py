@@ -40,5 +40,6 @@ def register() -> None:
         for name, stages in launcher.registrations().items():
             jax.ffi.register_ffi_target(name, stages, platform="CUDA")
         launcher.set_planner(cuda_dispatch.plan)
+        launcher.set_launch_logger(cuda_dispatch.log_launch)
         site_uses.add_log(launcher.take_site_events)
     _registered = True

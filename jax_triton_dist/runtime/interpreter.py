@@ -36,7 +36,7 @@ import triton.language.core as tl_core  # patched with tl: helpers such as tl.ze
 from triton.runtime import interpreter as _interp
 from triton.runtime.jit import JITFunction
 
-from jax_triton_dist.language import bounds
+from jax_triton_dist.language import bounds, timeline
 
 __all__ = ["Pointer", "launch", "interpreting"]
 
@@ -251,7 +251,9 @@ def launch(kernel, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, A
             for y in range(grid[1]):
                 for z in range(grid[2]):
                     builder.set_grid_idx(x, y, z)
+                    timeline.record_interpreted(timeline.Kind.PROGRAM_START)
                     rewritten(**call_args)
+                    timeline.record_interpreted(timeline.Kind.PROGRAM_END)
     finally:
         _grid.running = False
         _exit()
