@@ -247,3 +247,23 @@ def test_lower_command_without_the_environment_says_how_to_make_it(tmp_path, mon
     assert ascend_cli.INSTALL_LINE in err
     with pytest.raises(SystemExit):
         ascend_cli.main(["lower", "--out", "x", "--ranks", "0"])
+
+
+def test_lower_without_out_uses_jtd_dump_ir(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from jax_triton_dist.ascend import __main__ as ascend_main
+
+    monkeypatch.delenv("JTD_DUMP_IR", raising=False)
+    with pytest.raises(SystemExit):
+        ascend_main.main(["lower", "--python", "/nonexistent/python"])
+    assert "--out is required (or set JTD_DUMP_IR" in capsys.readouterr().err
+    seen = {}
+    monkeypatch.setenv("JTD_DUMP_IR", str(tmp_path))
+    monkeypatch.setattr(ascend_main, "ascend_python", lambda explicit=None: "python-ascend")
+    monkeypatch.setattr(ascend_main.subprocess, "run",
+                        lambda command, env: seen.setdefault("cmd", command) and type(
+                            "R", (), {"returncode": 0})())
+    assert ascend_main.main(["lower", "--kernels", "ring_shift_kernel"]) == 0
+    out = seen["cmd"][seen["cmd"].index("--out") + 1]
+    assert out == str(tmp_path / "ascend")

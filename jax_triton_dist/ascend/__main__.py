@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
                        default=["args", "aclshmem"])
     lower.add_argument("--ranks", nargs="+", type=int, default=[2, 8])
     lower.add_argument("--target", default="Ascend910B3")
-    lower.add_argument("--out", required=True)
+    lower.add_argument("--out", default=None,
+                       help="output folder (default: $JTD_DUMP_IR/ascend when JTD_DUMP_IR is "
+                            "set)")
     lower.add_argument("--python", help="the triton-ascend environment's Python")
     lower.add_argument("--markdown", help="also write the report as Markdown (ASCEND.md)")
     lower.add_argument("--controls", action="store_true",
@@ -59,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(r < 1 for r in args.ranks):
         parser.error(f"--ranks must be positive, got {args.ranks}")
+    if args.out is None:
+        dump = os.environ.get("JTD_DUMP_IR")
+        if not dump:
+            parser.error("--out is required (or set JTD_DUMP_IR: the stages then go to "
+                         "$JTD_DUMP_IR/ascend)")
+        args.out = os.path.join(dump, "ascend")
     python = ascend_python(args.python)
     if python is None:
         print("jax_triton_dist.ascend: no triton-ascend environment found (tried --python, "

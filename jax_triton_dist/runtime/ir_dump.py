@@ -4,8 +4,9 @@
 ``kernel.ptx``, ``kernel.cubin`` (the stages Triton kept) and ``metadata.json`` (what was
 compiled: signature, constexprs, ranks, compile options, Triton's metadata). On the CPU
 backend, which interprets kernels, the first run of a site on a device compiles it for
-CUDA (``sm_90``, no GPU needed) to dump what the GPU would run. The Ascend lane writes its
-stages under its own ``--out``.
+CUDA (``sm_90``, no GPU needed) to dump what the GPU would run. The Ascend lane
+(``python -m jax_triton_dist.ascend lower``) writes its stages to ``DIR/ascend/`` when it
+has no ``--out``.
 """
 
 from __future__ import annotations
