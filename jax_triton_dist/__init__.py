@@ -8,7 +8,8 @@ Public API:
   drop-in replacements for the ``jax.lax`` collectives, and :mod:`jax_triton_dist.lax`,
   the same under ``jax.lax``'s names (``psum``, ``pmean``, ``psum_scatter``, ...);
 * :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce` —
-  GEMM and collective fused in one kernel;
+  GEMM and collective fused in one kernel; :func:`fuse` — the same for unmodified
+  ``jax.lax`` code;
 * :mod:`jax_triton_dist.language` (``dl``) — the kernel language;
 * :mod:`jax_triton_dist.shmem` — the host SHMEM API;
 * :func:`heap_usage`, :func:`check_errors` — the runtime's heap use, asynchronous GPU
@@ -20,6 +21,7 @@ Public API:
 
 from jax_triton_dist import lax, shmem, timeline
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
+from jax_triton_dist.fuse import fuse
 from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 from jax_triton_dist.moe import MoERouting, moe_combine, moe_dispatch
 from jax_triton_dist.status import Usage, check_errors, heap_usage
@@ -28,7 +30,7 @@ from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, 
 __all__ = [
     "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem", "lax", "timeline",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
-    "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
+    "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "fuse",
     "moe_dispatch", "moe_combine", "MoERouting", "heap_usage", "Usage", "check_errors",
 ]
 __version__ = "0.1.0"
