@@ -19,11 +19,13 @@ from jax_triton_dist.swizzle import own_last_tile, rank_rotated_tile
 def all_gather_matmul_kernel(
     # Pointers
     x_ptr,  # [m, K] this rank's rows, staged in the symmetric heap by the runtime
-    w_ptr,  # [K, N] this rank's weight columns
+    w_ptr,  # [K, N] this rank's weight columns (element (k, n) at k*stride_wk + n*stride_wn)
     c_ptr,  # [num_ranks * m, N] all_gather(x) @ w
     flags_ptr,  # symmetric workspace int32 [2, num_ranks]: "rank s staged its rows"
     # Sizes
     m, N, K,
+    # Strides of w: (N, 1) for a [K, N] weight, (1, K) for an [N, K] one
+    stride_wk, stride_wn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -50,8 +52,8 @@ def all_gather_matmul_kernel(
     if shard != me:
         dl.wait(flags + shard, 1, "sys", "acquire", epoch)
     a_ptr = dl.symm_at(x_ptr, shard)
-    acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, N, 1, BLOCK_M, BLOCK_N,
-                      BLOCK_K)
+    acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, stride_wk, stride_wn,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
     store_tile(c_ptr + shard * m * N, acc, local_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
 
 
@@ -59,12 +61,14 @@ def all_gather_matmul_kernel(
 def matmul_reduce_scatter_kernel(
     # Pointers
     x_ptr,  # [M, K] this rank's activations (its K shard)
-    w_ptr,  # [K, N] the matching weight rows
+    w_ptr,  # [K, N] the matching weight rows (element (k, n) at k*stride_wk + n*stride_wn)
     c_ptr,  # [M / num_ranks, N] this rank's segment of psum(x @ w)
     slots_ptr,  # symmetric workspace float32 [2, num_ranks, M / num_ranks, N]
     flags_ptr,  # symmetric workspace int32 [2, num_ranks, tiles per segment]
     # Sizes
     seg, N, K,  # seg = M / num_ranks rows per segment
+    # Strides of w: (N, 1) for a [K, N] weight, (1, K) for an [N, K] one
+    stride_wk, stride_wn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -87,8 +91,8 @@ def matmul_reduce_scatter_kernel(
     local_m = pid_m - segment * tiles_m
     local_tile = local_m * tiles_n + pid_n
 
-    acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1, N, 1,
-                      BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1,
+                      stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)
     elif segment != me:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.extend import core as jcore
 
 from jax_triton_dist import collectives as jtd_collectives
@@ -64,11 +63,10 @@ def _groups(groups):
 
 
 def _fused(match: patterns.Match, read) -> Any:
-    x, w = read(match.x), read(match.w)
-    if match.transpose_w:
-        w = jnp.transpose(w)
     fn = getattr(jtd_fused, match.op)
-    return fn(x, w, match.axis_name, axis_index_groups=_groups(match.groups))
+    return fn(read(match.x), read(match.w), match.axis_name,
+              axis_index_groups=_groups(match.groups),
+              w_layout="nk" if match.transpose_w else "kn")
 
 
 def _collective(eqn, values: list) -> list | None:

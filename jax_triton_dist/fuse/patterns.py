@@ -28,7 +28,7 @@ FUSED_DTYPES = ("bfloat16", "float16", "float32")
 class Match:
     """A pair of equations the fused op ``op`` replaces (``first`` runs before ``second``;
     the result is ``second``'s). ``transpose_w``: the weight is ``[N, K]`` (dimension
-    numbers contract its dimension 1) and is transposed for the kernel."""
+    numbers contract its dimension 1): the fused op reads it in that layout."""
 
     op: str
     first: int

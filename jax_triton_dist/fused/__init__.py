@@ -19,20 +19,31 @@ from jax_triton_dist import axis_names, dtypes
 from jax_triton_dist.compiler_axes import every_axis_manual
 from jax_triton_dist.fused import primitives
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "GEMM_DTYPES"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "GEMM_DTYPES",
+           "W_LAYOUTS"]
 
 GEMM_DTYPES = dtypes.GEMM_DTYPES
 
 Groups = Sequence[Sequence[int]] | None
 
 
-def _check_gemm(x: Any, w: Any, fn: str) -> tuple[jax.Array, jax.Array]:
+W_LAYOUTS = ("kn", "nk")
+"""``w_layout`` of the fused ops: ``"kn"`` (``w`` is ``[K, N]``) or ``"nk"`` (``[N, K]``, as a
+``dot_general`` contracting the weight's dimension 1 has it; read through strides, never
+transposed)."""
+
+
+def _check_gemm(x: Any, w: Any, fn: str, w_layout: str = "kn"
+                ) -> tuple[jax.Array, jax.Array]:
     x, w = jnp.asarray(x), jnp.asarray(w)
+    if w_layout not in W_LAYOUTS:
+        raise ValueError(f"{fn}: w_layout must be one of {W_LAYOUTS}, got {w_layout!r}")
     if x.ndim != 2 or w.ndim != 2:
         raise ValueError(f"{fn}: x and w must be 2-D, got shapes {x.shape} and {w.shape}")
-    if x.shape[1] != w.shape[0]:
-        raise ValueError(f"{fn}: x is {x.shape} and w is {w.shape}: x.shape[1] must equal "
-                         "w.shape[0] (the per-rank K)")
+    k_dim = 0 if w_layout == "kn" else 1
+    if x.shape[1] != w.shape[k_dim]:
+        raise ValueError(f"{fn}: x is {x.shape} and w is {w.shape} ({w_layout!r} layout): "
+                         f"x.shape[1] must equal w.shape[{k_dim}] (the per-rank K)")
     if x.dtype != w.dtype:
         raise TypeError(f"{fn}: x and w must have one dtype, got {x.dtype} and {w.dtype}")
     dtypes.check_dtype(x.dtype, GEMM_DTYPES, fn)
@@ -52,7 +63,7 @@ def _team(axis_name: Any, groups: Groups, fn: str) -> dict[str, Any]:
 
 @every_axis_manual
 def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
-                      axis_index_groups: Groups = None) -> jax.Array:
+                      axis_index_groups: Groups = None, w_layout: str = "kn") -> jax.Array:
     """``all_gather(x, tiled=True) @ w`` in one kernel (column-parallel layer).
 
     Each rank stages its rows in the symmetric heap and announces them; output tiles of its
@@ -62,6 +73,8 @@ def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
     Args:
       x: per-rank ``[m, K]``: this rank's rows (the sequence/batch shard).
       w: per-rank ``[K, N_local]``: this rank's weight columns.
+      w_layout: ``"kn"`` (``w`` as above) or ``"nk"`` (``w`` stored transposed, ``[N, K]``:
+        read through strides, no transpose is made).
       axis_name: the manual mesh axis (or tuple of axes) the rows are split over.
       gather_axis: must be 0 (the rows of ``x``).
       axis_index_groups: groups of indices along ``axis_name`` that gather among
@@ -70,15 +83,16 @@ def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
     Returns:
       Per-rank ``[num_ranks * m, N_local]`` in ``x.dtype`` (float32 accumulation).
     """
-    x, w = _check_gemm(x, w, "all_gather_matmul")
+    x, w = _check_gemm(x, w, "all_gather_matmul", w_layout)
     _check_dim(gather_axis, "all_gather_matmul", "gather_axis")
     return primitives.bind_all_gather_matmul(
-        x, w, **_team(axis_name, axis_index_groups, "all_gather_matmul"))
+        x, w, w_nk=w_layout == "nk",
+        **_team(axis_name, axis_index_groups, "all_gather_matmul"))
 
 
 @every_axis_manual
 def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: int = 0,
-                          axis_index_groups: Groups = None) -> jax.Array:
+                          axis_index_groups: Groups = None, w_layout: str = "kn") -> jax.Array:
     """``psum_scatter(x @ w, scatter_dimension=0, tiled=True)`` in one kernel (row-parallel
     layer).
 
@@ -90,6 +104,8 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: 
     Args:
       x: per-rank ``[M, K_local]``; ``M`` must divide by the number of ranks.
       w: per-rank ``[K_local, N]``.
+      w_layout: ``"kn"`` (``w`` as above) or ``"nk"`` (``w`` stored transposed, ``[N, K]``:
+        read through strides, no transpose is made).
       axis_name: the manual mesh axis (or tuple of axes) the K dimension is split over.
       scatter_dimension: must be 0 (rank r gets rows ``[r M / n, (r + 1) M / n)``).
       axis_index_groups: groups of indices along ``axis_name`` that reduce among
@@ -98,24 +114,26 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: 
     Returns:
       Per-rank ``[M / num_ranks, N]`` in ``x.dtype``.
     """
-    x, w = _check_gemm(x, w, "matmul_reduce_scatter")
+    x, w = _check_gemm(x, w, "matmul_reduce_scatter", w_layout)
     _check_dim(scatter_dimension, "matmul_reduce_scatter", "scatter_dimension")
     team = _team(axis_name, axis_index_groups, "matmul_reduce_scatter")
     if x.shape[0] % team["size"]:
         raise ValueError(f"matmul_reduce_scatter: x has {x.shape[0]} rows, which do not divide "
                          f"by the {team['size']} ranks of axis {axis_name!r}")
-    return primitives.bind_matmul_reduce_scatter(x, w, **team)
+    return primitives.bind_matmul_reduce_scatter(x, w, w_nk=w_layout == "nk", **team)
 
 
 @every_axis_manual
 def matmul_all_reduce(x: Any, w: Any, axis_name: Any, *,
-                      axis_index_groups: Groups = None) -> jax.Array:
+                      axis_index_groups: Groups = None, w_layout: str = "kn") -> jax.Array:
     """``jax.lax.psum(x @ w, axis_name)`` in one kernel: each output tile is pushed to the
     other ranks as soon as it is computed and summed there (row-parallel layer, decode).
 
     Args:
       x: per-rank ``[M, K_local]``: this rank's slice of the K dimension.
       w: per-rank ``[K_local, N]``: the matching rows of the weight.
+      w_layout: ``"kn"`` (``w`` as above) or ``"nk"`` (``w`` stored transposed, ``[N, K]``:
+        read through strides, no transpose is made).
       axis_name: the manual mesh axis (or tuple of axes) the K dimension is split over.
       axis_index_groups: groups of indices along ``axis_name`` that reduce among
         themselves.
@@ -127,6 +145,7 @@ def matmul_all_reduce(x: Any, w: Any, axis_name: Any, *,
     Meant for small M: the workspace holds every rank's float32 partial product
     (``2 * num_ranks * M * N * 4`` bytes per rank).
     """
-    x, w = _check_gemm(x, w, "matmul_all_reduce")
+    x, w = _check_gemm(x, w, "matmul_all_reduce", w_layout)
     return primitives.bind_matmul_all_reduce(
-        x, w, **_team(axis_name, axis_index_groups, "matmul_all_reduce"))
+        x, w, w_nk=w_layout == "nk",
+        **_team(axis_name, axis_index_groups, "matmul_all_reduce"))

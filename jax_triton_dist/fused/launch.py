@@ -3,7 +3,8 @@ primitives, ``primitives.py``).
 
 Every function takes this rank's ``x`` and ``w`` and the primitive's parameters: ``axes``
 (the mesh axes of the team), ``groups`` (``axis_index_groups`` or None), ``size`` (ranks per
-team).
+team), ``w_nk`` (``w`` is stored ``[N, K]``: the kernels read it through its strides, no
+transpose is made).
 """
 
 from __future__ import annotations
@@ -23,9 +24,17 @@ from jax_triton_dist.triton_call import Workspace, triton_call
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
 
 
-def all_gather_matmul(x: jax.Array, w: jax.Array, *, axes, groups, size: int) -> jax.Array:
+def _weight(w: jax.Array, w_nk: bool) -> tuple[int, int, int]:
+    """``(N, stride_wk, stride_wn)`` of a weight stored ``[K, N]`` or ``[N, K]``."""
+    if w_nk:
+        return w.shape[0], 1, w.shape[1]
+    return w.shape[1], w.shape[1], 1
+
+
+def all_gather_matmul(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
+                      w_nk: bool = False) -> jax.Array:
     """``all_gather(x, tiled=True) @ w``: ``[size * m, n]``."""
-    (m, k), n = x.shape, w.shape[1]
+    (m, k), (n, stride_wk, stride_wn) = x.shape, _weight(w, w_nk)
     tiles = gemm_tiles(m, n, k, copies=size)
     grid = size * triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     return triton_call(
@@ -33,14 +42,14 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, *, axes, groups, size: int) ->
         out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
         workspace=[Workspace((2, size), jnp.int32)], symmetric=[0],
         grid=(grid,), axis_name=axes, axis_index_groups=groups, num_stages=3, m=m, N=n, K=k,
-        **tiles,
+        stride_wk=stride_wk, stride_wn=stride_wn, **tiles,
     )
 
 
-def matmul_reduce_scatter(x: jax.Array, w: jax.Array, *, axes, groups, size: int
-                          ) -> jax.Array:
+def matmul_reduce_scatter(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
+                          w_nk: bool = False) -> jax.Array:
     """``psum_scatter(x @ w, tiled=True)`` over rows: ``[M / size, n]``."""
-    (rows, k), n = x.shape, w.shape[1]
+    (rows, k), (n, stride_wk, stride_wn) = x.shape, _weight(w, w_nk)
     seg = rows // size
     tiles = gemm_tiles(seg, n, k, copies=size)
     per_segment = triton.cdiv(seg, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
@@ -50,15 +59,15 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, *, axes, groups, size: int
         workspace=[Workspace((2, size, seg, n), jnp.float32),
                    Workspace((2, size, per_segment), jnp.int32)],
         grid=(size * per_segment,), axis_name=axes, axis_index_groups=groups, num_stages=3,
-        seg=seg, N=n, K=k, **tiles,
+        seg=seg, N=n, K=k, stride_wk=stride_wk, stride_wn=stride_wn, **tiles,
     )
 
 
 def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
-                      invariant: bool = False) -> jax.Array:
+                      invariant: bool = False, w_nk: bool = False) -> jax.Array:
     """``psum(x @ w)``: ``[m, n]``."""
     del invariant  # typing only
-    (m, k), n = x.shape, w.shape[1]
+    (m, k), (n, stride_wk, stride_wn) = x.shape, _weight(w, w_nk)
     config = gemm_tiles(m, n, k)
     tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
     return triton_call(
@@ -67,5 +76,6 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
         workspace=[Workspace((2, size, m, n), jnp.float32),
                    Workspace((2, size, tiles), jnp.int32)],
         grid=(tiles,), axis_name=axes, axis_index_groups=groups, num_stages=3,
-        M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n, stride_bn=1, **config,
+        M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=stride_wk, stride_bn=stride_wn,
+        **config,
     )

@@ -7,6 +7,10 @@
   transposes go through each other — ``all_gather_matmul``'s ``x`` cotangent is a
   ``matmul_reduce_scatter`` and ``matmul_reduce_scatter``'s is an ``all_gather_matmul``
   (the weights' cotangents gather with the project's ``all_gather``).
+* **Weight layout.** ``w_nk``: ``w`` is stored ``[N, K]`` (``dot_general`` contracting its
+  dimension 1); the kernels read it through strides. The transposes use it too: the
+  ``x`` cotangent of one op is the other op on the same ``w`` read the other way round, so
+  no transposed weight is ever materialised.
 * **vmap.** A batch of ``x`` folds into its rows and a batch of ``w`` into its columns:
   one kernel call for the batch. With both batched there is no single GEMM to fold into:
   the op runs as the project's collective plus a batched XLA matmul (not fused).
@@ -36,20 +40,34 @@ def _operands(x, w, axes):
     return collective.vary(x, axes), collective.vary(w, axes)
 
 
-def bind_all_gather_matmul(x, w, *, axes, groups, size):
+def bind_all_gather_matmul(x, w, *, axes, groups, size, w_nk=False):
     return all_gather_matmul_p.bind(*_operands(x, w, axes), axes=axes, groups=groups,
-                                    size=size)
+                                    size=size, w_nk=w_nk)
 
 
-def bind_matmul_reduce_scatter(x, w, *, axes, groups, size):
+def bind_matmul_reduce_scatter(x, w, *, axes, groups, size, w_nk=False):
     return matmul_reduce_scatter_p.bind(*_operands(x, w, axes), axes=axes, groups=groups,
-                                        size=size)
+                                        size=size, w_nk=w_nk)
 
 
-def bind_matmul_all_reduce(x, w, *, axes, groups, size):
+def bind_matmul_all_reduce(x, w, *, axes, groups, size, w_nk=False):
     invariant = groups is None and jax_compat.checking_vma()
     return matmul_all_reduce_p.bind(*_operands(x, w, axes), axes=axes, groups=groups,
-                                    size=size, invariant=invariant)
+                                    size=size, invariant=invariant, w_nk=w_nk)
+
+
+def _kn(w, w_nk):
+    """The weight as ``[K, N]`` for an XLA dot (a transposed view when stored ``[N, K]``)."""
+    return w.T if w_nk else w
+
+
+def _stored(dw, w_nk):
+    """A ``[K, N]`` weight cotangent in the weight's stored layout."""
+    return dw.T if w_nk else dw
+
+
+def _n(w, w_nk):
+    return w.shape[0] if w_nk else w.shape[1]
 
 
 def _dot(a, b, dtype):
@@ -68,19 +86,20 @@ def _result(x, w, shape, minus=frozenset()):
     return jax_compat.with_varying(out, vma - minus)
 
 
-def _all_gather_matmul_abstract(x, w, *, axes, groups, size):
+def _all_gather_matmul_abstract(x, w, *, axes, groups, size, w_nk):
     del axes, groups
-    return _result(x, w, (size * x.shape[0], w.shape[1]))
+    return _result(x, w, (size * x.shape[0], _n(w, w_nk)))
 
 
-def _matmul_reduce_scatter_abstract(x, w, *, axes, groups, size):
+def _matmul_reduce_scatter_abstract(x, w, *, axes, groups, size, w_nk):
     del axes, groups
-    return _result(x, w, (x.shape[0] // size, w.shape[1]))
+    return _result(x, w, (x.shape[0] // size, _n(w, w_nk)))
 
 
-def _matmul_all_reduce_abstract(x, w, *, axes, groups, size, invariant):
+def _matmul_all_reduce_abstract(x, w, *, axes, groups, size, invariant, w_nk):
     del groups, size
-    return _result(x, w, (x.shape[0], w.shape[1]), frozenset(axes) if invariant else frozenset())
+    return _result(x, w, (x.shape[0], _n(w, w_nk)),
+                   frozenset(axes) if invariant else frozenset())
 
 
 # ---------------------------------------------------------------------------
@@ -93,22 +112,24 @@ def _gather(v, axes, groups, size):
                                       tiled=True)
 
 
-def _all_gather_matmul_dx(ct, x, w, *, axes, groups, size):
+def _all_gather_matmul_dx(ct, x, w, *, axes, groups, size, w_nk):
     del x  # d(all_gather(x) @ w) / dx: ct @ w.T, each rank's rows scattered back
-    return bind_matmul_reduce_scatter(ct, w.T, axes=axes, groups=groups, size=size)
+    return bind_matmul_reduce_scatter(ct, w, axes=axes, groups=groups, size=size,
+                                      w_nk=not w_nk)
 
 
-def _all_gather_matmul_dw(ct, x, w, *, axes, groups, size):
-    return _dot(_gather(x, axes, groups, size).T, ct, w.aval.dtype)
+def _all_gather_matmul_dw(ct, x, w, *, axes, groups, size, w_nk):
+    return _stored(_dot(_gather(x, axes, groups, size).T, ct, w.aval.dtype), w_nk)
 
 
-def _matmul_reduce_scatter_dx(ct, x, w, *, axes, groups, size):
+def _matmul_reduce_scatter_dx(ct, x, w, *, axes, groups, size, w_nk):
     del x  # all_gather(ct) @ w.T
-    return bind_all_gather_matmul(ct, w.T, axes=axes, groups=groups, size=size)
+    return bind_all_gather_matmul(ct, w, axes=axes, groups=groups, size=size,
+                                  w_nk=not w_nk)
 
 
-def _matmul_reduce_scatter_dw(ct, x, w, *, axes, groups, size):
-    return _dot(x.T, _gather(ct, axes, groups, size), w.aval.dtype)
+def _matmul_reduce_scatter_dw(ct, x, w, *, axes, groups, size, w_nk):
+    return _stored(_dot(x.T, _gather(ct, axes, groups, size), w.aval.dtype), w_nk)
 
 
 def _reduced_cotangent(ct, axes, groups, size, invariant):
@@ -119,14 +140,14 @@ def _reduced_cotangent(ct, axes, groups, size, invariant):
                                       method="auto")
 
 
-def _matmul_all_reduce_dx(ct, x, w, *, axes, groups, size, invariant):
+def _matmul_all_reduce_dx(ct, x, w, *, axes, groups, size, invariant, w_nk):
     total = _reduced_cotangent(ct, axes, groups, size, invariant)
-    return _dot(total, w.T, x.aval.dtype)
+    return _dot(total, _kn(w, w_nk).T, x.aval.dtype)
 
 
-def _matmul_all_reduce_dw(ct, x, w, *, axes, groups, size, invariant):
+def _matmul_all_reduce_dw(ct, x, w, *, axes, groups, size, invariant, w_nk):
     total = _reduced_cotangent(ct, axes, groups, size, invariant)
-    return _dot(x.T, total, w.aval.dtype)
+    return _stored(_dot(x.T, total, w.aval.dtype), w_nk)
 
 
 # ---------------------------------------------------------------------------
@@ -134,8 +155,12 @@ def _matmul_all_reduce_dw(ct, x, w, *, axes, groups, size, invariant):
 # ---------------------------------------------------------------------------
 
 
-def _columns(w, d):
-    """``w`` batched at ``d`` as ``[K, B * N]`` (batch-major columns)."""
+def _columns(w, d, w_nk):
+    """``w`` batched at ``d`` with the batch folded into its columns, batch-major: ``[K, B *
+    N]`` (stored ``[B * N, K]`` for ``w_nk``)."""
+    if w_nk:
+        w = jnp.moveaxis(w, d, 0)
+        return w.reshape(-1, w.shape[2])
     w = jnp.moveaxis(w, d, 1)
     return w.reshape(w.shape[0], -1)
 
@@ -145,28 +170,34 @@ def _unfold_columns(out, batch):
     return out.reshape(out.shape[0], batch, -1), 1
 
 
-def _all_gather_matmul_batch(args, dims, *, axes, groups, size):
+def _batched_kn(w, d, w_nk):
+    """``w`` batched at ``d`` as ``[B, K, N]``."""
+    w = jnp.moveaxis(w, d, 0)
+    return jnp.swapaxes(w, 1, 2) if w_nk else w
+
+
+def _all_gather_matmul_batch(args, dims, *, axes, groups, size, w_nk):
     (x, w), (dx, dw) = args, dims
     params = dict(axes=axes, groups=groups, size=size)
     if dx is not None and dw is not None:
-        x, w = jnp.moveaxis(x, dx, 0), jnp.moveaxis(w, dw, 0)
+        x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
         gathered = collective.bind_all_gather(x, axis=1, tiled=True, **params)
         return _dot(gathered, w, x.dtype), 0
     if dw is None:  # rows (rank, b, i) -> [b, rank * m + i]
         x = jnp.moveaxis(x, dx, 0)
         batch, m = x.shape[:2]
-        out = bind_all_gather_matmul(x.reshape(batch * m, -1), w, **params)
+        out = bind_all_gather_matmul(x.reshape(batch * m, -1), w, w_nk=w_nk, **params)
         out = out.reshape(size, batch, m, -1).transpose(1, 0, 2, 3)
         return out.reshape(batch, size * m, -1), 0
-    out = bind_all_gather_matmul(x, _columns(w, dw), **params)
+    out = bind_all_gather_matmul(x, _columns(w, dw, w_nk), w_nk=w_nk, **params)
     return _unfold_columns(out, w.shape[dw])
 
 
-def _matmul_reduce_scatter_batch(args, dims, *, axes, groups, size):
+def _matmul_reduce_scatter_batch(args, dims, *, axes, groups, size, w_nk):
     (x, w), (dx, dw) = args, dims
     params = dict(axes=axes, groups=groups, size=size)
     if dx is not None and dw is not None:
-        x, w = jnp.moveaxis(x, dx, 0), jnp.moveaxis(w, dw, 0)
+        x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
         product = jnp.matmul(x, w, preferred_element_type=jnp.float32)
         out = collective.bind_reduce_scatter(product, dim=1, tiled=True, op="sum", **params)
         return out.astype(x.dtype), 0
@@ -175,17 +206,17 @@ def _matmul_reduce_scatter_batch(args, dims, *, axes, groups, size):
         batch, rows, k = x.shape
         seg = rows // size
         x = x.reshape(batch, size, seg, k).transpose(1, 0, 2, 3).reshape(batch * rows, k)
-        out = bind_matmul_reduce_scatter(x, w, **params)
+        out = bind_matmul_reduce_scatter(x, w, w_nk=w_nk, **params)
         return out.reshape(batch, seg, -1), 0
-    out = bind_matmul_reduce_scatter(x, _columns(w, dw), **params)
+    out = bind_matmul_reduce_scatter(x, _columns(w, dw, w_nk), w_nk=w_nk, **params)
     return _unfold_columns(out, w.shape[dw])
 
 
-def _matmul_all_reduce_batch(args, dims, *, axes, groups, size, invariant):
+def _matmul_all_reduce_batch(args, dims, *, axes, groups, size, invariant, w_nk):
     (x, w), (dx, dw) = args, dims
     params = dict(axes=axes, groups=groups, size=size)
     if dx is not None and dw is not None:
-        x, w = jnp.moveaxis(x, dx, 0), jnp.moveaxis(w, dw, 0)
+        x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
         product = jnp.matmul(x, w, preferred_element_type=jnp.float32)
         out = collective.all_reduce_p.bind(product, op="sum", method="auto",
                                            invariant=invariant, **params)
@@ -194,9 +225,10 @@ def _matmul_all_reduce_batch(args, dims, *, axes, groups, size, invariant):
         x = jnp.moveaxis(x, dx, 0)
         batch, m = x.shape[:2]
         out = matmul_all_reduce_p.bind(x.reshape(batch * m, -1), w, invariant=invariant,
-                                       **params)
+                                       w_nk=w_nk, **params)
         return out.reshape(batch, m, -1), 0
-    out = matmul_all_reduce_p.bind(x, _columns(w, dw), invariant=invariant, **params)
+    out = matmul_all_reduce_p.bind(x, _columns(w, dw, w_nk), invariant=invariant, w_nk=w_nk,
+                                   **params)
     return _unfold_columns(out, w.shape[dw])
 
 
