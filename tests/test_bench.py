@@ -31,7 +31,8 @@ def test_single_gpu_fused_part_runs_on_cpu(tmp_path, capsys):
                 "--platform", "cpu", "--json", str(path)])
     rows = json.loads(path.read_text())["results"]
     assert [r["op"] for r in rows] == ["all_gather_matmul", "matmul_reduce_scatter",
-                                       "matmul_all_reduce"]
+                                       "matmul_all_reduce"] * 2
+    assert [r["layout"] for r in rows] == ["kn"] * 3 + ["nk"] * 3
     for row in rows:
         assert row["ours_us"] > 0 and row["dot_us"] > 0 and row["rel_err"] < 2e-2
 

@@ -40,6 +40,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         choices=["launch", "copy", "fused"])
     single.add_argument("--shapes", nargs="+", default=None,
                         help="MxNxK of the fused part (default: the TP8 set)")
+    single.add_argument("--layouts", nargs="+", default=["kn", "nk"], choices=["kn", "nk"],
+                        help="weight layouts of the fused part")
     single.add_argument("--iters", type=int, default=10)
     single.add_argument("--platform", default=None)
     single.add_argument("--json", default="bench_single_gpu.json", help="output JSON path")
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         device = jax.devices(args.platform)[0]
         print(f"single-GPU costs on {device.device_kind} ({device.platform}), median of "
               f"{args.iters}")
-        results = single_gpu.run(args.iters, args.platform, args.parts, shapes)
+        results = single_gpu.run(args.iters, args.platform, args.parts, shapes, args.layouts)
         for part, rows in results.items():
             print(f"\n{part}")
             timing.print_table(rows, single_gpu.COLUMNS[part])

@@ -80,7 +80,8 @@ def _single_gpu(plt, rows, machine):
         if part == "fused":
             short = {"all_gather_matmul": "AG+MM", "matmul_reduce_scatter": "MM+RS",
                      "matmul_all_reduce": "MM+AR"}
-            _bars(ax, [f"{short.get(r['op'], r['op'])} {r['shape']}" for r in mine],
+            _bars(ax, [f"{short.get(r['op'], r['op'])} {r['shape']} {r.get('layout', 'kn')}"
+                       for r in mine],
                   {"fused op": [r["ours_us"] / r["dot_us"] for r in mine],
                    "GEMM tile": [r["tile_us"] / r["dot_us"] for r in mine]},
                   "time / jnp.dot time")

@@ -135,7 +135,10 @@ def copy_bandwidth(device, iters: int) -> list[dict[str, Any]]:
     return rows
 
 
-def fused_overhead(device, iters: int, shapes=None) -> list[dict[str, Any]]:
+def fused_overhead(device, iters: int, shapes=None, layouts=("kn", "nk")
+                   ) -> list[dict[str, Any]]:
+    """Fused ops at world size 1 against the GEMM tile and XLA's dot, per weight layout
+    (``nk``: the weight stored ``[N, K]``; XLA's dot then contracts its dimension 1)."""
     mesh = Mesh(np.array([device]), ("x",))
     rows = []
     for m, n, k in shapes or FUSED_SHAPES:
@@ -150,20 +153,32 @@ def fused_overhead(device, iters: int, shapes=None) -> list[dict[str, Any]]:
         config = (tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["GROUP_M"],
                   tiles["num_warps"], 3)
         tile_s, _ = gemm._timed(lambda x, y, c=config: gemm.matmul(x, y, c), mesh, a, b, iters)
-        for name in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
-            op = getattr(jtd, name)
-            seconds, out = gemm._timed(lambda x, y, op=op: op(x, y, "x"), mesh, a, b, iters)
-            err = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
-                        / jnp.linalg.norm(ref.astype(jnp.float32)))
-            rows.append({"bench": "fused", "op": name, "shape": f"{m}x{n}x{k}",
-                         "ours_us": seconds * 1e6, "tile_us": tile_s * 1e6,
-                         "dot_us": dot_s * 1e6, "vs_dot": seconds / dot_s,
-                         "vs_tile": seconds / tile_s, "rel_err": err})
+        for layout in layouts:
+            weight, layout_dot_s = b, dot_s
+            if layout == "nk":
+                weight = jax.device_put(jnp.asarray(b).T.copy(), NamedSharding(mesh, P()))
+                layout_dot_s, _ = gemm._timed(
+                    lambda x, y: jax.lax.dot_general(
+                        x, y, (((1,), (1,)), ((), ())),
+                        preferred_element_type=jnp.float32).astype(jnp.bfloat16),
+                    mesh, a, weight, iters)
+            for name in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
+                op = getattr(jtd, name)
+                seconds, out = gemm._timed(
+                    lambda x, y, op=op, lay=layout: op(x, y, "x", w_layout=lay), mesh, a,
+                    weight, iters)
+                err = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
+                            / jnp.linalg.norm(ref.astype(jnp.float32)))
+                rows.append({"bench": "fused", "op": name, "shape": f"{m}x{n}x{k}",
+                             "layout": layout, "ours_us": seconds * 1e6,
+                             "tile_us": tile_s * 1e6, "dot_us": layout_dot_s * 1e6,
+                             "vs_dot": seconds / layout_dot_s, "vs_tile": seconds / tile_s,
+                             "rel_err": err})
     return rows
 
 
 def run(iters: int, platform: str | None = None, parts=("launch", "copy", "fused"),
-        shapes=None) -> dict[str, list[dict[str, Any]]]:
+        shapes=None, layouts=("kn", "nk")) -> dict[str, list[dict[str, Any]]]:
     device = jax.devices(platform)[0]
     if device.platform != "gpu" and set(parts) - {"fused"}:
         raise RuntimeError("the launch and copy parts need a GPU (JAX's devices are "
@@ -174,7 +189,7 @@ def run(iters: int, platform: str | None = None, parts=("launch", "copy", "fused
     if "copy" in parts:
         results["copy"] = copy_bandwidth(device, iters)
     if "fused" in parts:
-        results["fused"] = fused_overhead(device, iters, shapes)
+        results["fused"] = fused_overhead(device, iters, shapes, layouts)
     return results
 
 
@@ -184,7 +199,8 @@ COLUMNS = {
     "copy": [("bytes", "bytes", "d"), ("heap_us", "heap us", ".1f"), ("d2d_us", "d2d us", ".1f"),
              ("heap_gbps", "heap GB/s", ".0f"), ("d2d_gbps", "d2d GB/s", ".0f"),
              ("ratio", "heap/d2d", ".3f")],
-    "fused": [("op", "op", ""), ("shape", "MxNxK", ""), ("ours_us", "ours us", ".1f"),
+    "fused": [("op", "op", ""), ("shape", "MxNxK", ""), ("layout", "w", ""),
+              ("ours_us", "ours us", ".1f"),
               ("tile_us", "tile us", ".1f"), ("dot_us", "jnp.dot us", ".1f"),
               ("vs_tile", "ours/tile", ".3f"), ("vs_dot", "ours/dot", ".3f"),
               ("rel_err", "rel err", ".1e")],
