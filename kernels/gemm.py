@@ -16,9 +16,33 @@ def matmul_tile(
 ):
     """``A[pid_m tile, :] @ B[:, pid_n tile]`` accumulated in float32."""
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    return _mma(a_ptr + offs_m[:, None] * stride_am, b_ptr, pid_n, N, K, stride_ak, stride_bk,
+                stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def matmul_rows_tile(
+    a_ptr, b_ptr,  # A: rows (i // R) * S + i % R of a [*, K] array; B [K, N]
+    pid_m, pid_n,
+    M, N, K, R, S,
+    stride_am, stride_ak, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """:func:`matmul_tile` of ``M`` rows taken ``R`` at a time every ``S`` rows (a block of
+    each batch of a ``[batch, S, K]`` array)."""
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rows = (offs_m // R) * S + offs_m % R
+    return _mma(a_ptr + rows[:, None] * stride_am, b_ptr, pid_n, N, K, stride_ak, stride_bk,
+                stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _mma(a_rows, b_ptr, pid_n, N, K, stride_ak, stride_bk, stride_bn,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The K loop of a tile: ``a_rows`` points at the tile's rows of A (first column)."""
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    a_ptrs = a_rows + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -39,6 +63,19 @@ def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_rows_tile(c_ptr, acc, pid_m, pid_n, M, N, R, S, stride_cm,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`store_tile` into rows ``(i // R) * S + i % R`` of ``C`` (a block of each batch
+    of a ``[batch, S, N]`` array)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    rows = (offs_m // R) * S + offs_m % R
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 

@@ -10,7 +10,7 @@ import triton.language as tl
 
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.exchange import epoch_half
-from jax_triton_dist.kernels.gemm import matmul_tile, store_tile
+from jax_triton_dist.kernels.gemm import matmul_rows_tile, matmul_tile, store_rows_tile, store_tile
 from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile
 from jax_triton_dist.swizzle import own_last_tile, rank_rotated_tile
 
@@ -20,15 +20,16 @@ def all_gather_matmul_kernel(
     # Pointers
     x_ptr,  # [m, K] this rank's rows, staged in the symmetric heap by the runtime
     w_ptr,  # [K, N] this rank's weight columns (element (k, n) at k*stride_wk + n*stride_wn)
-    c_ptr,  # [num_ranks * m, N] all_gather(x) @ w
+    c_ptr,  # [num_ranks * m, N] all_gather(x) @ w; batched: [m / R, num_ranks * R, N]
     flags_ptr,  # symmetric workspace int32 [2, num_ranks]: "rank s staged its rows"
     # Sizes
     m, N, K,
+    R,  # batched: rows of one batch entry per rank (x is [m / R, R, K], gathered along R)
     # Strides of w: (N, 1) for a [K, N] weight, (1, K) for an [N, K] one
     stride_wk, stride_wn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False,
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
@@ -54,7 +55,11 @@ def all_gather_matmul_kernel(
     a_ptr = dl.symm_at(x_ptr, shard)
     acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, stride_wk, stride_wn,
                       BLOCK_M, BLOCK_N, BLOCK_K)
-    store_tile(c_ptr + shard * m * N, acc, local_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
+    if BATCHED:  # row (b, i) of the shard goes to row b * num_ranks * R + shard * R + i
+        store_rows_tile(c_ptr + shard * R * N, acc, local_m, pid_n, m, N, R, world * R, N,
+                        BLOCK_M, BLOCK_N)
+    else:
+        store_tile(c_ptr + shard * m * N, acc, local_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -67,11 +72,12 @@ def matmul_reduce_scatter_kernel(
     flags_ptr,  # symmetric workspace int32 [2, num_ranks, tiles per segment]
     # Sizes
     seg, N, K,  # seg = M / num_ranks rows per segment
+    R,  # batched: rows of one batch entry per segment (x is [seg / R, num_ranks * R, K])
     # Strides of w: (N, 1) for a [K, N] weight, (1, K) for an [N, K] one
     stride_wk, stride_wn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
@@ -91,8 +97,13 @@ def matmul_reduce_scatter_kernel(
     local_m = pid_m - segment * tiles_m
     local_tile = local_m * tiles_n + pid_n
 
-    acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1,
-                      stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+    if BATCHED:  # segment row (b, i) is row b * num_ranks * R + segment * R + i of x
+        acc = matmul_rows_tile(x_ptr + segment * R * K, w_ptr, local_m, pid_n, seg, N, K, R,
+                               world * R, K, 1, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
+                               BLOCK_K)
+    else:
+        acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1,
+                          stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)
     elif segment != me:

@@ -126,14 +126,14 @@ def test_matmul_all_reduce_errors():
                           in_specs=specs, out_specs=P("x"))
         return jax.jit(f).lower(x, w)
 
-    with pytest.raises(ValueError, match=r"x.shape\[1\] must equal w.shape\[0\]"):
+    with pytest.raises(ValueError, match=r"x.shape\[-1\] must equal w.shape\[0\]"):
         trace(jnp.ones((4, 8)), jnp.ones((6, 4)))
     with pytest.raises(TypeError, match="one dtype, got float32 and bfloat16"):
         trace(jnp.ones((4, 8)), jnp.ones((8, 4), jnp.bfloat16))
     with pytest.raises(TypeError, match="unsupported dtype int32"):
         trace(jnp.ones((4, 8), jnp.int32), jnp.ones((8, 4), jnp.int32))
-    with pytest.raises(ValueError, match="must be 2-D"):
-        trace(jnp.ones((4, 8, 2)), jnp.ones((8, 4)))
+    with pytest.raises(ValueError, match=r"x must be \[..., rows, K\] and w 2-D"):
+        trace(jnp.ones((4, 8)), jnp.ones((8, 4, 1)))
 
 
 # ---------------------------------------------------------------------------
@@ -272,9 +272,14 @@ def test_agmm_mmrs_errors():
                           in_specs=(P(), P()), out_specs=P("x"))
         return jax.jit(f).lower(x, w)
 
-    with pytest.raises(ValueError, match="6 rows, which do not divide by the 4 ranks"):
+    with pytest.raises(ValueError, match="dimension 0 of x has 6 entries, which do not divide "
+                                         "by the 4 ranks"):
         trace(jtd.matmul_reduce_scatter, jnp.ones((6, 8)), jnp.ones((8, 4)))
-    with pytest.raises(NotImplementedError, match="gather_axis=1: only 0"):
+    with pytest.raises(ValueError, match="gather_axis=1 is x's last dimension, which the GEMM "
+                                         "contracts"):
         trace(jtd.all_gather_matmul, jnp.ones((4, 8)), jnp.ones((8, 4)), gather_axis=1)
-    with pytest.raises(ValueError, match=r"x.shape\[1\] must equal w.shape\[0\]"):
+    with pytest.raises(ValueError, match="scatter_dimension=3 is not a dimension of a 3-D x"):
+        trace(jtd.matmul_reduce_scatter, jnp.ones((2, 4, 8)), jnp.ones((8, 4)),
+              scatter_dimension=3)
+    with pytest.raises(ValueError, match=r"x.shape\[-1\] must equal w.shape\[0\]"):
         trace(jtd.all_gather_matmul, jnp.ones((4, 8)), jnp.ones((6, 4)))

@@ -102,6 +102,85 @@ def test_layout_errors():
 
     with pytest.raises(ValueError, match="w_layout must be one of"):
         run(lambda a, b: jtd.all_gather_matmul(a, b, "x", w_layout="mk"))
-    with pytest.raises(ValueError, match=r"\('nk' layout\): x.shape\[1\] must equal "
+    with pytest.raises(ValueError, match=r"\(.nk. layout\): x.shape\[-1\] must equal "
                                          r"w.shape\[1\]"):
         run(lambda a, b: jtd.all_gather_matmul(a, b, "x", w_layout="nk"))
+
+
+# ---------------------------------------------------------------------------
+# Leading batch dimensions: [batch, seq, d_model] gathered / scattered along the sequence
+# ---------------------------------------------------------------------------
+
+SEQ_CASES = [
+    # (op, per-rank x shape, axis, x spec, out spec, reference)
+    ("all_gather_matmul", (3, 4, 16), 1, P(None, "x"), P(None, None, "x"),
+     lambda x, w: jax.lax.all_gather(x, "x", axis=1, tiled=True) @ w),
+    ("all_gather_matmul", (2, 3, 4, 16), 2, P(None, None, "x"), P(None, None, None, "x"),
+     lambda x, w: jax.lax.all_gather(x, "x", axis=2, tiled=True) @ w),
+    ("all_gather_matmul", (8, 2, 16), 0, P("x"), P(None, None, "x"),
+     lambda x, w: jax.lax.all_gather(x, "x", axis=0, tiled=True) @ w),
+    ("matmul_reduce_scatter", (3, 16, 16), 1, P(None, None, "x"), P(None, "x"),
+     lambda x, w: jax.lax.psum_scatter(x @ w, "x", scatter_dimension=1, tiled=True)),
+    ("matmul_reduce_scatter", (2, 8, 3, 16), 1, P(None, None, None, "x"), P(None, "x"),
+     lambda x, w: jax.lax.psum_scatter(x @ w, "x", scatter_dimension=1, tiled=True)),
+]
+
+
+def _seq_case(op, shape, axis, x_spec, out_spec, ranks, seed, dtype=jnp.float32):
+    rng = np.random.default_rng(seed)
+    k_local, n = shape[-1], 8
+    if op == "all_gather_matmul":  # x: sharded along `axis`; w: columns over ranks
+        x_global = list(shape)
+        x_global[axis] *= ranks
+        w_shape, w_spec = (k_local, n * ranks), P(None, "x")
+    else:  # K split over the ranks
+        x_global = list(shape[:-1]) + [k_local * ranks]
+        w_shape, w_spec = (k_local * ranks, n), P("x", None)
+    x = jnp.asarray(rng.standard_normal(x_global), jnp.float32).astype(dtype)
+    w = jnp.asarray(rng.standard_normal(w_shape) / 4, jnp.float32).astype(dtype)
+    mesh = Mesh(np.array(jax.devices()[:ranks]), ("x",))
+    kwarg = "gather_axis" if op == "all_gather_matmul" else "scatter_dimension"
+    return x, w, mesh, w_spec, kwarg
+
+
+@pytest.mark.parametrize("case", SEQ_CASES, ids=[f"{c[0]}-{len(c[1])}d-axis{c[2]}"
+                                                 for c in SEQ_CASES])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_leading_batch_dimensions_match_lax(case, ranks):
+    op, shape, axis, x_spec, out_spec, ref = case
+    x, w, mesh, w_spec, kwarg = _seq_case(op, shape, axis, x_spec, out_spec, ranks, ranks)
+    ours = jax.shard_map(lambda a, b: getattr(jtd, op)(a, b, "x", **{kwarg: axis}), mesh=mesh,
+                         in_specs=(x_spec, w_spec), out_specs=out_spec)
+    lax = jax.shard_map(ref, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)
+    np.testing.assert_allclose(jax.jit(ours)(x, w), jax.jit(lax)(x, w), rtol=1e-5, atol=1e-5)
+    # Both derivative modes, and the nk layout of the same weight.
+    loss = lambda f: (lambda a, b: jnp.sum(jnp.sin(f(a, b))))  # noqa: E731
+    g = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(x, w)
+    r = jax.jit(jax.grad(loss(lax), argnums=(0, 1)))(x, w)
+    for a, b in zip(g, r, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    _, t = jax.jit(lambda a, b: jax.jvp(ours, (a, b), (a, b)))(x, w)
+    _, tr = jax.jit(lambda a, b: jax.jvp(lax, (a, b), (a, b)))(x, w)
+    np.testing.assert_allclose(t, tr, rtol=1e-4, atol=1e-4)
+    nk = jax.shard_map(lambda a, b: getattr(jtd, op)(a, b, "x", w_layout="nk", **{kwarg: axis}),
+                       mesh=mesh, in_specs=(x_spec, _flip(w_spec)), out_specs=out_spec)
+    np.testing.assert_allclose(jax.jit(nk)(x, w.T), jax.jit(lax)(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_leading_batch_dimensions_bfloat16_and_vmap():
+    op, shape, axis, x_spec, out_spec, ref = SEQ_CASES[0]
+    x, w, mesh, w_spec, kwarg = _seq_case(op, shape, axis, x_spec, out_spec, 4, 9,
+                                          jnp.bfloat16)
+    ours = jax.shard_map(lambda a, b: jtd.all_gather_matmul(a, b, "x", gather_axis=1),
+                         mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)
+    lax = jax.shard_map(ref, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)
+    want = jax.jit(lax)(x.astype(jnp.float32), w.astype(jnp.float32))
+    got = jax.jit(ours)(x, w)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=3e-2, atol=3e-2)
+    xs = jnp.stack([x, -x]).astype(jnp.float32)
+    got = jax.jit(jax.vmap(ours, in_axes=(0, None)))(xs, w.astype(jnp.float32))
+    want = jax.jit(jax.vmap(lax, in_axes=(0, None)))(xs, w.astype(jnp.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    text = jax.jit(jax.vmap(ours, in_axes=(0, None))).lower(xs, w.astype(jnp.float32)).as_text()
+    assert "transpose" not in text  # the vmapped batch is one more leading dimension

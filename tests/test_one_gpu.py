@@ -142,7 +142,7 @@ def test_matmul_reduce_scatter_kernel(world):
         [((seg, n), np.float32)],
         [((2, world, seg, n), np.float32), ((2, world, per_segment), np.int32)],
         grid=(world * per_segment,),
-        kwargs={"seg": seg, "N": n, "K": k, "stride_wk": n, "stride_wn": 1, "BLOCK_M": 32,
+        kwargs={"seg": seg, "N": n, "K": k, "R": seg, "stride_wk": n, "stride_wn": 1, "BLOCK_M": 32,
                 "BLOCK_N": 128, "BLOCK_K": 64,
                 "GROUP_M": 8}, calls=CALLS)
     for c in range(CALLS):
@@ -164,7 +164,7 @@ def test_all_gather_matmul_kernel_with_symmetric_staging(world):
     out = one_gpu.run_ranks(
         all_gather_matmul_kernel, world, lambda c, r: [xs[c, r], w],
         [((world * m, n), np.float32)], [((2, world), np.int32)], grid=(world * tiles,),
-        kwargs={"m": m, "N": n, "K": k, "stride_wk": n, "stride_wn": 1, "BLOCK_M": 32,
+        kwargs={"m": m, "N": n, "K": k, "R": m, "stride_wk": n, "stride_wn": 1, "BLOCK_M": 32,
                 "BLOCK_N": 128, "BLOCK_K": 64,
                 "GROUP_M": 8}, calls=CALLS, symmetric=[0])
     for c in range(CALLS):

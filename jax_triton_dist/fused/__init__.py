@@ -38,21 +38,29 @@ def _check_gemm(x: Any, w: Any, fn: str, w_layout: str = "kn"
     x, w = jnp.asarray(x), jnp.asarray(w)
     if w_layout not in W_LAYOUTS:
         raise ValueError(f"{fn}: w_layout must be one of {W_LAYOUTS}, got {w_layout!r}")
-    if x.ndim != 2 or w.ndim != 2:
-        raise ValueError(f"{fn}: x and w must be 2-D, got shapes {x.shape} and {w.shape}")
+    if x.ndim < 2 or w.ndim != 2:
+        raise ValueError(f"{fn}: x must be [..., rows, K] and w 2-D, got shapes {x.shape} "
+                         f"and {w.shape}")
     k_dim = 0 if w_layout == "kn" else 1
-    if x.shape[1] != w.shape[k_dim]:
+    if x.shape[-1] != w.shape[k_dim]:
         raise ValueError(f"{fn}: x is {x.shape} and w is {w.shape} ({w_layout!r} layout): "
-                         f"x.shape[1] must equal w.shape[{k_dim}] (the per-rank K)")
+                         f"x.shape[-1] must equal w.shape[{k_dim}] (the per-rank K)")
     if x.dtype != w.dtype:
         raise TypeError(f"{fn}: x and w must have one dtype, got {x.dtype} and {w.dtype}")
     dtypes.check_dtype(x.dtype, GEMM_DTYPES, fn)
     return x, w
 
 
-def _check_dim(value: int, fn: str, what: str) -> None:
-    if value != 0:
-        raise NotImplementedError(f"{fn}: {what}={value}: only 0 (the rows of x) is supported")
+def _check_dim(value: int, ndim: int, fn: str, what: str) -> int:
+    """``value`` as a dimension of an ``ndim``-D ``x`` other than its last (K)."""
+    if not isinstance(value, int) or not -ndim <= value < ndim:
+        raise ValueError(f"{fn}: {what}={value!r} is not a dimension of a {ndim}-D x")
+    value %= ndim
+    if value == ndim - 1:
+        raise ValueError(f"{fn}: {what}={value} is x's last dimension, which the GEMM "
+                         "contracts; gather or scatter one of the others (e.g. the sequence "
+                         "dimension of [batch, seq, d_model])")
+    return value
 
 
 def _team(axis_name: Any, groups: Groups, fn: str) -> dict[str, Any]:
@@ -71,29 +79,33 @@ def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
     straight from the peer's memory as soon as its announcement lands.
 
     Args:
-      x: per-rank ``[m, K]``: this rank's rows (the sequence/batch shard).
+      x: per-rank ``[..., m, ..., K]``: this rank's shard of the gathered dimension
+        (``[m, K]`` rows, or e.g. ``[batch, seq_local, d_model]`` gathered along the
+        sequence).
       w: per-rank ``[K, N_local]``: this rank's weight columns.
       w_layout: ``"kn"`` (``w`` as above) or ``"nk"`` (``w`` stored transposed, ``[N, K]``:
         read through strides, no transpose is made).
       axis_name: the manual mesh axis (or tuple of axes) the rows are split over.
-      gather_axis: must be 0 (the rows of ``x``).
+      gather_axis: the dimension of ``x`` gathered (any but the last); the dimensions
+        before it are batch entries, each gathered in place by the kernel.
       axis_index_groups: groups of indices along ``axis_name`` that gather among
         themselves.
 
     Returns:
-      Per-rank ``[num_ranks * m, N_local]`` in ``x.dtype`` (float32 accumulation).
+      Per-rank ``x``'s shape with ``gather_axis`` ``num_ranks`` times longer and ``N_local``
+      last, in ``x.dtype`` (float32 accumulation).
     """
     x, w = _check_gemm(x, w, "all_gather_matmul", w_layout)
-    _check_dim(gather_axis, "all_gather_matmul", "gather_axis")
+    axis = _check_dim(gather_axis, x.ndim, "all_gather_matmul", "gather_axis")
     return primitives.bind_all_gather_matmul(
-        x, w, w_nk=w_layout == "nk",
+        x, w, w_nk=w_layout == "nk", axis=axis,
         **_team(axis_name, axis_index_groups, "all_gather_matmul"))
 
 
 @every_axis_manual
 def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: int = 0,
                           axis_index_groups: Groups = None, w_layout: str = "kn") -> jax.Array:
-    """``psum_scatter(x @ w, scatter_dimension=0, tiled=True)`` in one kernel (row-parallel
+    """``psum_scatter(x @ w, scatter_dimension, tiled=True)`` in one kernel (row-parallel
     layer).
 
     Output tiles come segment by segment, the peers' segments first and the own segment
@@ -102,25 +114,30 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: 
     compute.
 
     Args:
-      x: per-rank ``[M, K_local]``; ``M`` must divide by the number of ranks.
+      x: per-rank ``[..., M, ..., K_local]``; the scattered dimension must divide by the
+        number of ranks.
       w: per-rank ``[K_local, N]``.
       w_layout: ``"kn"`` (``w`` as above) or ``"nk"`` (``w`` stored transposed, ``[N, K]``:
         read through strides, no transpose is made).
       axis_name: the manual mesh axis (or tuple of axes) the K dimension is split over.
-      scatter_dimension: must be 0 (rank r gets rows ``[r M / n, (r + 1) M / n)``).
+      scatter_dimension: the dimension scattered (any but the last): rank r gets its
+        ``r``-th block of it, for every entry of the dimensions before it.
       axis_index_groups: groups of indices along ``axis_name`` that reduce among
         themselves.
 
     Returns:
-      Per-rank ``[M / num_ranks, N]`` in ``x.dtype``.
+      Per-rank ``x``'s shape with ``scatter_dimension`` divided by ``num_ranks`` and ``N``
+      last, in ``x.dtype``.
     """
     x, w = _check_gemm(x, w, "matmul_reduce_scatter", w_layout)
-    _check_dim(scatter_dimension, "matmul_reduce_scatter", "scatter_dimension")
+    axis = _check_dim(scatter_dimension, x.ndim, "matmul_reduce_scatter", "scatter_dimension")
     team = _team(axis_name, axis_index_groups, "matmul_reduce_scatter")
-    if x.shape[0] % team["size"]:
-        raise ValueError(f"matmul_reduce_scatter: x has {x.shape[0]} rows, which do not divide "
-                         f"by the {team['size']} ranks of axis {axis_name!r}")
-    return primitives.bind_matmul_reduce_scatter(x, w, w_nk=w_layout == "nk", **team)
+    if x.shape[axis] % team["size"]:
+        raise ValueError(f"matmul_reduce_scatter: dimension {axis} of x has {x.shape[axis]} "
+                         f"entries, which do not divide by the {team['size']} ranks of axis "
+                         f"{axis_name!r}")
+    return primitives.bind_matmul_reduce_scatter(x, w, w_nk=w_layout == "nk", axis=axis,
+                                                 **team)
 
 
 @every_axis_manual
@@ -130,7 +147,7 @@ def matmul_all_reduce(x: Any, w: Any, axis_name: Any, *,
     other ranks as soon as it is computed and summed there (row-parallel layer, decode).
 
     Args:
-      x: per-rank ``[M, K_local]``: this rank's slice of the K dimension.
+      x: per-rank ``[..., M, K_local]``: this rank's slice of the K dimension.
       w: per-rank ``[K_local, N]``: the matching rows of the weight.
       w_layout: ``"kn"`` (``w`` as above) or ``"nk"`` (``w`` stored transposed, ``[N, K]``:
         read through strides, no transpose is made).

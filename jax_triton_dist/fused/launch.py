@@ -4,10 +4,14 @@ primitives, ``primitives.py``).
 Every function takes this rank's ``x`` and ``w`` and the primitive's parameters: ``axes``
 (the mesh axes of the team), ``groups`` (``axis_index_groups`` or None), ``size`` (ranks per
 team), ``w_nk`` (``w`` is stored ``[N, K]``: the kernels read it through its strides, no
-transpose is made).
+transpose is made), ``axis`` (the dimension of ``x`` gathered or scattered; ``x`` is
+``[..., K]`` with any leading dimensions: the dimensions before ``axis`` are batch entries,
+and the kernels read and write each entry's block of rows in place).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -31,51 +35,67 @@ def _weight(w: jax.Array, w_nk: bool) -> tuple[int, int, int]:
     return w.shape[1], w.shape[1], 1
 
 
+def _rows(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
+    """``(batch entries, rows per entry)`` of an ``[..., K]`` operand split at ``axis``."""
+    return math.prod(shape[:axis]), math.prod(shape[axis:-1])
+
+
 def all_gather_matmul(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
-                      w_nk: bool = False) -> jax.Array:
-    """``all_gather(x, tiled=True) @ w``: ``[size * m, n]``."""
-    (m, k), (n, stride_wk, stride_wn) = x.shape, _weight(w, w_nk)
+                      w_nk: bool = False, axis: int = 0) -> jax.Array:
+    """``all_gather(x, axis=axis, tiled=True) @ w``."""
+    k = x.shape[-1]
+    n, stride_wk, stride_wn = _weight(w, w_nk)
+    batch, rows = _rows(x.shape, axis)
+    m = batch * rows
+    out_shape = x.shape[:axis] + (size * x.shape[axis],) + x.shape[axis + 1:-1] + (n,)
     tiles = gemm_tiles(m, n, k, copies=size)
     grid = size * triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     return triton_call(
-        all_gather_matmul_kernel, x, w,
+        all_gather_matmul_kernel, x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
         workspace=[Workspace((2, size), jnp.int32)], symmetric=[0],
         grid=(grid,), axis_name=axes, axis_index_groups=groups, num_stages=3, m=m, N=n, K=k,
-        stride_wk=stride_wk, stride_wn=stride_wn, **tiles,
-    )
+        R=rows, stride_wk=stride_wk, stride_wn=stride_wn, BATCHED=batch > 1, **tiles,
+    ).reshape(out_shape)
 
 
 def matmul_reduce_scatter(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
-                          w_nk: bool = False) -> jax.Array:
-    """``psum_scatter(x @ w, tiled=True)`` over rows: ``[M / size, n]``."""
-    (rows, k), (n, stride_wk, stride_wn) = x.shape, _weight(w, w_nk)
-    seg = rows // size
+                          w_nk: bool = False, axis: int = 0) -> jax.Array:
+    """``psum_scatter(x @ w, scatter_dimension=axis, tiled=True)``."""
+    k = x.shape[-1]
+    n, stride_wk, stride_wn = _weight(w, w_nk)
+    batch, rows = _rows(x.shape, axis)
+    per_rank = rows // size  # rows of one batch entry in each rank's segment
+    seg = batch * per_rank
+    out_shape = x.shape[:axis] + (x.shape[axis] // size,) + x.shape[axis + 1:-1] + (n,)
     tiles = gemm_tiles(seg, n, k, copies=size)
     per_segment = triton.cdiv(seg, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     return triton_call(
-        matmul_reduce_scatter_kernel, x, w,
+        matmul_reduce_scatter_kernel, x.reshape(batch * rows, k), w,
         out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
         workspace=[Workspace((2, size, seg, n), jnp.float32),
                    Workspace((2, size, per_segment), jnp.int32)],
         grid=(size * per_segment,), axis_name=axes, axis_index_groups=groups, num_stages=3,
-        seg=seg, N=n, K=k, stride_wk=stride_wk, stride_wn=stride_wn, **tiles,
-    )
+        seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk, stride_wn=stride_wn,
+        BATCHED=batch > 1, **tiles,
+    ).reshape(out_shape)
 
 
 def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
                       invariant: bool = False, w_nk: bool = False) -> jax.Array:
     """``psum(x @ w)``: ``[m, n]``."""
     del invariant  # typing only
-    (m, k), (n, stride_wk, stride_wn) = x.shape, _weight(w, w_nk)
+    lead, k = x.shape[:-1], x.shape[-1]
+    m = math.prod(lead)
+    n, stride_wk, stride_wn = _weight(w, w_nk)
     config = gemm_tiles(m, n, k)
     tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
     return triton_call(
-        matmul_all_reduce_kernel, x, w,
+        matmul_all_reduce_kernel, x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=[Workspace((2, size, m, n), jnp.float32),
                    Workspace((2, size, tiles), jnp.int32)],
         grid=(tiles,), axis_name=axes, axis_index_groups=groups, num_stages=3,
         M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=stride_wk, stride_bn=stride_wn,
         **config,
-    )
+    ).reshape(lead + (n,))

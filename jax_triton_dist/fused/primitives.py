@@ -40,14 +40,14 @@ def _operands(x, w, axes):
     return collective.vary(x, axes), collective.vary(w, axes)
 
 
-def bind_all_gather_matmul(x, w, *, axes, groups, size, w_nk=False):
+def bind_all_gather_matmul(x, w, *, axes, groups, size, w_nk=False, axis=0):
     return all_gather_matmul_p.bind(*_operands(x, w, axes), axes=axes, groups=groups,
-                                    size=size, w_nk=w_nk)
+                                    size=size, w_nk=w_nk, axis=axis)
 
 
-def bind_matmul_reduce_scatter(x, w, *, axes, groups, size, w_nk=False):
+def bind_matmul_reduce_scatter(x, w, *, axes, groups, size, w_nk=False, axis=0):
     return matmul_reduce_scatter_p.bind(*_operands(x, w, axes), axes=axes, groups=groups,
-                                        size=size, w_nk=w_nk)
+                                        size=size, w_nk=w_nk, axis=axis)
 
 
 def bind_matmul_all_reduce(x, w, *, axes, groups, size, w_nk=False):
@@ -86,19 +86,24 @@ def _result(x, w, shape, minus=frozenset()):
     return jax_compat.with_varying(out, vma - minus)
 
 
-def _all_gather_matmul_abstract(x, w, *, axes, groups, size, w_nk):
-    del axes, groups
-    return _result(x, w, (size * x.shape[0], _n(w, w_nk)))
+def _resized(shape, axis, size, n):
+    """``shape`` with dimension ``axis`` of size ``size`` and the last ``n``."""
+    return shape[:axis] + (size,) + shape[axis + 1:-1] + (n,)
 
 
-def _matmul_reduce_scatter_abstract(x, w, *, axes, groups, size, w_nk):
+def _all_gather_matmul_abstract(x, w, *, axes, groups, size, w_nk, axis):
     del axes, groups
-    return _result(x, w, (x.shape[0] // size, _n(w, w_nk)))
+    return _result(x, w, _resized(x.shape, axis, size * x.shape[axis], _n(w, w_nk)))
+
+
+def _matmul_reduce_scatter_abstract(x, w, *, axes, groups, size, w_nk, axis):
+    del axes, groups
+    return _result(x, w, _resized(x.shape, axis, x.shape[axis] // size, _n(w, w_nk)))
 
 
 def _matmul_all_reduce_abstract(x, w, *, axes, groups, size, invariant, w_nk):
     del groups, size
-    return _result(x, w, (x.shape[0], _n(w, w_nk)),
+    return _result(x, w, x.shape[:-1] + (_n(w, w_nk),),
                    frozenset(axes) if invariant else frozenset())
 
 
@@ -107,29 +112,36 @@ def _matmul_all_reduce_abstract(x, w, *, axes, groups, size, invariant, w_nk):
 # ---------------------------------------------------------------------------
 
 
-def _gather(v, axes, groups, size):
-    return collective.bind_all_gather(v, axes=axes, groups=groups, size=size, axis=0,
+def _gather(v, axes, groups, size, axis=0):
+    return collective.bind_all_gather(v, axes=axes, groups=groups, size=size, axis=axis,
                                       tiled=True)
 
 
-def _all_gather_matmul_dx(ct, x, w, *, axes, groups, size, w_nk):
+def _flat(v):
+    """``[..., C]`` as ``[rows, C]``."""
+    return v.reshape(-1, v.shape[-1])
+
+
+def _all_gather_matmul_dx(ct, x, w, *, axes, groups, size, w_nk, axis):
     del x  # d(all_gather(x) @ w) / dx: ct @ w.T, each rank's rows scattered back
     return bind_matmul_reduce_scatter(ct, w, axes=axes, groups=groups, size=size,
-                                      w_nk=not w_nk)
+                                      w_nk=not w_nk, axis=axis)
 
 
-def _all_gather_matmul_dw(ct, x, w, *, axes, groups, size, w_nk):
-    return _stored(_dot(_gather(x, axes, groups, size).T, ct, w.aval.dtype), w_nk)
+def _all_gather_matmul_dw(ct, x, w, *, axes, groups, size, w_nk, axis):
+    gathered = _gather(x, axes, groups, size, axis)
+    return _stored(_dot(_flat(gathered).T, _flat(ct), w.aval.dtype), w_nk)
 
 
-def _matmul_reduce_scatter_dx(ct, x, w, *, axes, groups, size, w_nk):
+def _matmul_reduce_scatter_dx(ct, x, w, *, axes, groups, size, w_nk, axis):
     del x  # all_gather(ct) @ w.T
     return bind_all_gather_matmul(ct, w, axes=axes, groups=groups, size=size,
-                                  w_nk=not w_nk)
+                                  w_nk=not w_nk, axis=axis)
 
 
-def _matmul_reduce_scatter_dw(ct, x, w, *, axes, groups, size, w_nk):
-    return _stored(_dot(x.T, _gather(ct, axes, groups, size), w.aval.dtype), w_nk)
+def _matmul_reduce_scatter_dw(ct, x, w, *, axes, groups, size, w_nk, axis):
+    gathered = _gather(ct, axes, groups, size, axis)
+    return _stored(_dot(_flat(x).T, _flat(gathered), w.aval.dtype), w_nk)
 
 
 def _reduced_cotangent(ct, axes, groups, size, invariant):
@@ -147,11 +159,11 @@ def _matmul_all_reduce_dx(ct, x, w, *, axes, groups, size, invariant, w_nk):
 
 def _matmul_all_reduce_dw(ct, x, w, *, axes, groups, size, invariant, w_nk):
     total = _reduced_cotangent(ct, axes, groups, size, invariant)
-    return _stored(_dot(x.T, total, w.aval.dtype), w_nk)
+    return _stored(_dot(_flat(x).T, _flat(total), w.aval.dtype), w_nk)
 
 
 # ---------------------------------------------------------------------------
-# vmap: fold the batch into the rows of x or the columns of w
+# vmap: a batch of x is one more leading dimension; a batch of w folds into its columns
 # ---------------------------------------------------------------------------
 
 
@@ -166,8 +178,8 @@ def _columns(w, d, w_nk):
 
 
 def _unfold_columns(out, batch):
-    """``[R, B * N]`` back to ``[R, B, N]``: the batch at dimension 1."""
-    return out.reshape(out.shape[0], batch, -1), 1
+    """``[..., B * N]`` back to ``[..., B, N]``: the batch just before the last dimension."""
+    return out.reshape(out.shape[:-1] + (batch, -1)), out.ndim - 1
 
 
 def _batched_kn(w, d, w_nk):
@@ -176,39 +188,39 @@ def _batched_kn(w, d, w_nk):
     return jnp.swapaxes(w, 1, 2) if w_nk else w
 
 
-def _all_gather_matmul_batch(args, dims, *, axes, groups, size, w_nk):
+def _all_gather_matmul_batch(args, dims, *, axes, groups, size, w_nk, axis):
     (x, w), (dx, dw) = args, dims
     params = dict(axes=axes, groups=groups, size=size)
     if dx is not None and dw is not None:
         x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
-        gathered = collective.bind_all_gather(x, axis=1, tiled=True, **params)
-        return _dot(gathered, w, x.dtype), 0
-    if dw is None:  # rows (rank, b, i) -> [b, rank * m + i]
-        x = jnp.moveaxis(x, dx, 0)
-        batch, m = x.shape[:2]
-        out = bind_all_gather_matmul(x.reshape(batch * m, -1), w, w_nk=w_nk, **params)
-        out = out.reshape(size, batch, m, -1).transpose(1, 0, 2, 3)
-        return out.reshape(batch, size * m, -1), 0
-    out = bind_all_gather_matmul(x, _columns(w, dw, w_nk), w_nk=w_nk, **params)
+        gathered = collective.bind_all_gather(x, axis=axis + 1, tiled=True, **params)
+        flat = gathered.reshape(gathered.shape[0], -1, gathered.shape[-1])
+        return _dot(flat, w, x.dtype).reshape(gathered.shape[:-1] + (-1,)), 0
+    if dw is None:  # the batch is one more leading dimension of x
+        out = bind_all_gather_matmul(jnp.moveaxis(x, dx, 0), w, w_nk=w_nk, axis=axis + 1,
+                                     **params)
+        return out, 0
+    out = bind_all_gather_matmul(x, _columns(w, dw, w_nk), w_nk=w_nk, axis=axis, **params)
     return _unfold_columns(out, w.shape[dw])
 
 
-def _matmul_reduce_scatter_batch(args, dims, *, axes, groups, size, w_nk):
+def _matmul_reduce_scatter_batch(args, dims, *, axes, groups, size, w_nk, axis):
     (x, w), (dx, dw) = args, dims
     params = dict(axes=axes, groups=groups, size=size)
     if dx is not None and dw is not None:
         x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
-        product = jnp.matmul(x, w, preferred_element_type=jnp.float32)
-        out = collective.bind_reduce_scatter(product, dim=1, tiled=True, op="sum", **params)
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        product = jnp.matmul(flat, w, preferred_element_type=jnp.float32)
+        product = product.reshape(x.shape[:-1] + (-1,))
+        out = collective.bind_reduce_scatter(product, dim=axis + 1, tiled=True, op="sum",
+                                             **params)
         return out.astype(x.dtype), 0
-    if dw is None:  # segment r of every batch goes to rank r: rows (r, b, i)
-        x = jnp.moveaxis(x, dx, 0)
-        batch, rows, k = x.shape
-        seg = rows // size
-        x = x.reshape(batch, size, seg, k).transpose(1, 0, 2, 3).reshape(batch * rows, k)
-        out = bind_matmul_reduce_scatter(x, w, w_nk=w_nk, **params)
-        return out.reshape(batch, seg, -1), 0
-    out = bind_matmul_reduce_scatter(x, _columns(w, dw, w_nk), w_nk=w_nk, **params)
+    if dw is None:
+        out = bind_matmul_reduce_scatter(jnp.moveaxis(x, dx, 0), w, w_nk=w_nk, axis=axis + 1,
+                                         **params)
+        return out, 0
+    out = bind_matmul_reduce_scatter(x, _columns(w, dw, w_nk), w_nk=w_nk, axis=axis,
+                                     **params)
     return _unfold_columns(out, w.shape[dw])
 
 
@@ -217,16 +229,15 @@ def _matmul_all_reduce_batch(args, dims, *, axes, groups, size, invariant, w_nk)
     params = dict(axes=axes, groups=groups, size=size)
     if dx is not None and dw is not None:
         x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
-        product = jnp.matmul(x, w, preferred_element_type=jnp.float32)
-        out = collective.all_reduce_p.bind(product, op="sum", method="auto",
-                                           invariant=invariant, **params)
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        product = jnp.matmul(flat, w, preferred_element_type=jnp.float32)
+        out = collective.all_reduce_p.bind(product.reshape(x.shape[:-1] + (-1,)), op="sum",
+                                           method="auto", invariant=invariant, **params)
         return out.astype(x.dtype), 0
     if dw is None:
-        x = jnp.moveaxis(x, dx, 0)
-        batch, m = x.shape[:2]
-        out = matmul_all_reduce_p.bind(x.reshape(batch * m, -1), w, invariant=invariant,
+        out = matmul_all_reduce_p.bind(jnp.moveaxis(x, dx, 0), w, invariant=invariant,
                                        w_nk=w_nk, **params)
-        return out.reshape(batch, m, -1), 0
+        return out, 0
     out = matmul_all_reduce_p.bind(x, _columns(w, dw, w_nk), invariant=invariant, w_nk=w_nk,
                                    **params)
     return _unfold_columns(out, w.shape[dw])
