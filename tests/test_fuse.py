@@ -227,11 +227,11 @@ def _gathered(x, **kwargs):
      "preferred_element_type float32 differs"),
     (lambda x, w: jnp.dot(_gathered(x.astype(jnp.int32)), w.astype(jnp.int32)).astype(
         jnp.float32), "dtype int32"),
-    (lambda x, w: jnp.einsum("bmk,kn->bmn", _gathered(x.reshape(2, 2, 8)), w).reshape(-1, 8),
-     "operands of rank 3 and 2"),
+    (lambda x, w: jnp.einsum("mk,knj->mnj", _gathered(x), w.reshape(8, 4, 2)).reshape(-1, 8),
+     "operands of rank 2 and 3"),
 ], ids=["gather_axis_1", "untiled_not_adjacent", "reused", "right_operand", "contracting",
          "sliced",
-        "precision", "preferred_type", "int32", "rank3"])
+        "precision", "preferred_type", "int32", "weight_rank3"])
 def test_all_gather_near_misses(body, reason):
     if reason is None:  # the gather does not feed the dot directly: nothing to report
         fused_fn = jtd.fuse(body)
@@ -345,3 +345,33 @@ def test_a_dot_between_two_collectives_fuses_one_side():
     (miss,) = report.near_misses
     assert miss.op == "matmul_reduce_scatter" and "already part of another fused op" in \
         miss.reason
+
+
+def test_sequence_parallel_mlp_on_batch_seq_model_arrays():
+    """[batch, seq, d_model] activations, the sequence sharded: gathered along it into the
+    first GEMM, scattered along it out of the second; weights in [N, K] layout."""
+    mesh, n = _mesh(), 4
+    rng = np.random.default_rng(12)
+    x = _rand(rng, 2, 4 * n, 16)
+    w1t = _rand(rng, 8 * n, 16)  # [d_ff, d_model]: x @ w1t.T
+    w2 = _rand(rng, 8 * n, 16)
+
+    def block(x, w1t, w2):
+        h = jax.nn.relu(jnp.einsum("bsd,fd->bsf", jax.lax.all_gather(x, "x", axis=1,
+                                                                      tiled=True), w1t))
+        return jax.lax.psum_scatter(h @ w2, "x", scatter_dimension=1, tiled=True)
+
+    specs = dict(in_specs=(P(None, "x"), P("x"), P("x")), out_specs=P(None, "x"))
+    plain = jax.jit(jax.shard_map(block, mesh=mesh, **specs))
+    fused_fn = jtd.fuse(block)
+    fused = jax.jit(jax.shard_map(fused_fn, mesh=mesh, **specs))
+    _close(fused(x, w1t, w2), plain(x, w1t, w2), tol=1e-4)
+    assert [op for op, _ in fused_fn.last_report.rewrites] == ["all_gather_matmul",
+                                                                "matmul_reduce_scatter"]
+    calls, xla = _hlo_counts(fused, x, w1t, w2)
+    assert calls == 2 and not any(xla.values())
+    loss = lambda f: (lambda *a: jnp.sum(f(*a) ** 2))  # noqa: E731
+    g = jax.jit(jax.grad(loss(jax.shard_map(fused_fn, mesh=mesh, **specs)), argnums=(0, 1, 2)))
+    r = jax.jit(jax.grad(loss(jax.shard_map(block, mesh=mesh, **specs)), argnums=(0, 1, 2)))
+    for a, b in zip(g(x, w1t, w2), r(x, w1t, w2), strict=True):
+        _close(a, b, tol=1e-4)

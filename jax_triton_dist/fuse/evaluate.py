@@ -64,9 +64,11 @@ def _groups(groups):
 
 def _fused(match: patterns.Match, read) -> Any:
     fn = getattr(jtd_fused, match.op)
+    dims = {"all_gather_matmul": {"gather_axis": match.axis},
+            "matmul_reduce_scatter": {"scatter_dimension": match.axis}}.get(match.op, {})
     return fn(read(match.x), read(match.w), match.axis_name,
               axis_index_groups=_groups(match.groups),
-              w_layout="nk" if match.transpose_w else "kn")
+              w_layout="nk" if match.transpose_w else "kn", **dims)
 
 
 def _collective(eqn, values: list) -> list | None:

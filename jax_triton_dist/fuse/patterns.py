@@ -39,6 +39,7 @@ class Match:
     groups: Any
     transpose_w: bool
     where: str
+    axis: int = 0  # the dimension gathered or scattered (leading dimensions are batches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +90,10 @@ def _dot_problem(dot, lhs_var) -> tuple[str | None, bool]:
                "on the left)", False
     if batch[0] or batch[1]:
         return "the dot has batch dimensions", False
-    if lhs.aval.ndim != 2 or rhs.aval.ndim != 2:
+    if lhs.aval.ndim < 2 or rhs.aval.ndim != 2:
         return (f"operands of rank {lhs.aval.ndim} and {rhs.aval.ndim}: the fused ops take "
-                "2-D [rows, K] @ [K, N] (flatten leading dimensions first)"), False
-    if tuple(contract[0]) != (1,) or tuple(contract[1]) not in ((0,), (1,)):
+                "[..., rows, K] @ [K, N] (a 2-D weight)"), False
+    if tuple(contract[0]) != (lhs.aval.ndim - 1,) or tuple(contract[1]) not in ((0,), (1,)):
         return (f"contracting dimensions {tuple(contract[0])} x {tuple(contract[1])}: the "
                 "fused ops contract the activation's last dimension"), False
     dtype = np.dtype(lhs.aval.dtype).name
@@ -136,9 +137,10 @@ def find(jaxpr) -> tuple[list[Match], list[NearMiss]]:
             where = location(eqn)
             p = gather.params
             reason, transpose = _dot_problem(eqn, gather.outvars[0])
-            if not p["tiled"] or p["all_gather_dimension"] != 0:
+            if not p["tiled"] or p["all_gather_dimension"] == gather.invars[0].aval.ndim - 1:
                 reason = (f"all_gather(tiled={p['tiled']}, axis={p['all_gather_dimension']}): "
-                          "all_gather_matmul gathers rows (tiled=True, axis=0)")
+                          "all_gather_matmul gathers a dimension other than the contracted "
+                          "one, tiled")
             elif uses.get(gather.outvars[0], 0) != 1:
                 reason = "the gathered operand is also used elsewhere"
             elif _axis(p["axis_name"]) is None:
@@ -150,7 +152,7 @@ def find(jaxpr) -> tuple[list[Match], list[NearMiss]]:
                 continue
             matches.append(Match("all_gather_matmul", i, j, gather.invars[0], eqn.invars[1],
                                  _axis(p["axis_name"]), p.get("axis_index_groups"),
-                                 transpose, where))
+                                 transpose, where, p["all_gather_dimension"]))
             claimed |= {i, j}
         elif name == "reduce_scatter" or (name in SUM_PRIMITIVES and len(eqn.invars) == 1):
             i = prod(eqn.invars[0])
@@ -163,10 +165,10 @@ def find(jaxpr) -> tuple[list[Match], list[NearMiss]]:
             axis = _axis(p["axis_name"] if name == "reduce_scatter" else p["axes"])
             reason, transpose = _dot_problem(dot, dot.invars[0])
             if reason is None and name == "reduce_scatter" and (
-                    not p["tiled"] or p["scatter_dimension"] != 0):
+                    not p["tiled"] or p["scatter_dimension"] == eqn.invars[0].aval.ndim - 1):
                 reason = (f"psum_scatter(tiled={p['tiled']}, scatter_dimension="
-                          f"{p['scatter_dimension']}): matmul_reduce_scatter scatters rows "
-                          "(tiled=True, scatter_dimension=0)")
+                          f"{p['scatter_dimension']}): matmul_reduce_scatter scatters a "
+                          "dimension other than the product's last, tiled")
             elif reason is None and uses.get(dot.outvars[0], 0) != 1:
                 reason = "the product is also used elsewhere"
             elif reason is None and axis is None:
@@ -177,6 +179,7 @@ def find(jaxpr) -> tuple[list[Match], list[NearMiss]]:
                 misses.append(NearMiss(op, where, reason))
                 continue
             matches.append(Match(op, i, j, dot.invars[0], dot.invars[1], axis,
-                                 p.get("axis_index_groups"), transpose, where))
+                                 p.get("axis_index_groups"), transpose, where,
+                                 p.get("scatter_dimension", 0)))
             claimed |= {i, j}
     return matches, misses
