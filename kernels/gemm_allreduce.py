@@ -56,4 +56,4 @@ def matmul_all_reduce_kernel(
             forward_tile(slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
                          num_tiles, epoch, BLOCK_M, BLOCK_N)
         sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
-                 BLOCK_M, BLOCK_N)
+                 c_ptr, BLOCK_M, BLOCK_N, False, "none")

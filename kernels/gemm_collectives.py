@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
+from jax_triton_dist.kernels.epilogue import apply_epilogue
 from jax_triton_dist.kernels.exchange import epoch_half
 from jax_triton_dist.kernels.gemm import matmul_rows_tile, matmul_tile, store_rows_tile, store_tile
 from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile
@@ -20,7 +21,8 @@ def all_gather_matmul_kernel(
     # Pointers
     x_ptr,  # [m, K] this rank's rows, staged in the symmetric heap by the runtime
     w_ptr,  # [K, N] this rank's weight columns (element (k, n) at k*stride_wk + n*stride_wn)
-    c_ptr,  # [num_ranks * m, N] all_gather(x) @ w; batched: [m / R, num_ranks * R, N]
+    bias_ptr,  # [N] added to every row when HAS_BIAS
+    c_ptr,  # [num_ranks * m, N] act(all_gather(x) @ w + bias); batched: [m / R, num_ranks * R, N]
     flags_ptr,  # symmetric workspace int32 [2, num_ranks]: "rank s staged its rows"
     # Sizes
     m, N, K,
@@ -29,7 +31,8 @@ def all_gather_matmul_kernel(
     stride_wk, stride_wn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False,
+    GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
+    ACTIVATION: tl.constexpr = "none",
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
@@ -55,6 +58,7 @@ def all_gather_matmul_kernel(
     a_ptr = dl.symm_at(x_ptr, shard)
     acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, stride_wk, stride_wn,
                       BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
     if BATCHED:  # row (b, i) of the shard goes to row b * num_ranks * R + shard * R + i
         store_rows_tile(c_ptr + shard * R * N, acc, local_m, pid_n, m, N, R, world * R, N,
                         BLOCK_M, BLOCK_N)
@@ -67,7 +71,8 @@ def matmul_reduce_scatter_kernel(
     # Pointers
     x_ptr,  # [M, K] this rank's activations (its K shard)
     w_ptr,  # [K, N] the matching weight rows (element (k, n) at k*stride_wk + n*stride_wn)
-    c_ptr,  # [M / num_ranks, N] this rank's segment of psum(x @ w)
+    bias_ptr,  # [N] added to the reduced rows when HAS_BIAS
+    c_ptr,  # [M / num_ranks, N] this rank's segment of act(psum(x @ w) + bias)
     slots_ptr,  # symmetric workspace float32 [2, num_ranks, M / num_ranks, N]
     flags_ptr,  # symmetric workspace int32 [2, num_ranks, tiles per segment]
     # Sizes
@@ -77,7 +82,8 @@ def matmul_reduce_scatter_kernel(
     stride_wk, stride_wn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False,
+    GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
+    ACTIVATION: tl.constexpr = "none",
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
@@ -105,6 +111,7 @@ def matmul_reduce_scatter_kernel(
         acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1,
                           stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
+        acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
         store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)
     elif segment != me:
         push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n, local_tile,
@@ -112,4 +119,4 @@ def matmul_reduce_scatter_kernel(
     else:
         keep_tile(acc, slots, me, seg, N, local_m, pid_n, BLOCK_M, BLOCK_N)
         sum_tile(c_ptr, slots, flags, me, world, seg, N, local_m, pid_n, local_tile,
-                 tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
+                 tiles_m * tiles_n, epoch, bias_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
+from jax_triton_dist.kernels.epilogue import apply_epilogue
 from jax_triton_dist.kernels.gemm import load_tile, store_tile
 
 
@@ -55,11 +56,13 @@ def forward_tile(slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_til
 
 @triton.jit
 def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
-             epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
+             epoch, bias_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT: tl.constexpr = 2):
     """Stores into ``C`` the float32 sum, in rank order, of every rank's partial of the
     tile: this rank's kept one (:func:`keep_tile`) and the peers', each read once its flag
     reaches ``epoch``. Every rank summing a tile gets the same bits. Sums ``BLOCK_M /
-    SPLIT`` rows at a time: 128x128 tiles at 8 warps fit in 128 registers a thread."""
+    SPLIT`` rows at a time: 128x128 tiles at 8 warps fit in 128 registers a thread. The
+    epilogue (``kernels/epilogue.py``) applies to the sum."""
     for src in range(0, world):
         if src != me:
             dl.wait(flags + src * num_tiles + tile, 1, "sys", "acquire", epoch)
@@ -70,4 +73,5 @@ def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num
         for src in range(0, world):
             total += load_tile(slots + src * rows * cols, sub_m, pid_n, rows, cols, cols, 1,
                                SUB, BLOCK_N)
+        total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
         store_tile(c_ptr, total, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)

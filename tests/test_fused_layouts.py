@@ -184,3 +184,84 @@ def test_leading_batch_dimensions_bfloat16_and_vmap():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     text = jax.jit(jax.vmap(ours, in_axes=(0, None))).lower(xs, w.astype(jnp.float32)).as_text()
     assert "transpose" not in text  # the vmapped batch is one more leading dimension
+
+
+# ---------------------------------------------------------------------------
+# Epilogues: bias and activation fused into the kernel
+# ---------------------------------------------------------------------------
+
+ACTS = {"relu": jax.nn.relu, "silu": jax.nn.silu,
+        "gelu": lambda v: jax.nn.gelu(v, approximate=False),
+        "gelu_tanh": lambda v: jax.nn.gelu(v, approximate=True), None: lambda v: v}
+
+
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter"])
+@pytest.mark.parametrize("activation", ["relu", "silu", "gelu", "gelu_tanh", None])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_epilogue_matches_lax_with_gradients(op, activation, with_bias):
+    if activation is None and not with_bias:
+        pytest.skip("no epilogue")
+    x, w, _, _ = _case(op, 4, jnp.float32, seed=13)
+    x_spec, w_spec, out_spec, ref = OPS[op]
+    n = w.shape[1] if op == "matmul_reduce_scatter" else w.shape[1] // 4
+    b = jnp.asarray(np.random.default_rng(1).standard_normal(n), jnp.float32)
+    b_spec = P() if op == "matmul_reduce_scatter" else P("x")
+    if op == "all_gather_matmul":
+        b = jnp.tile(b, 4)
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+
+    def ours_fn(a, wt, bb):
+        return getattr(jtd, op)(a, wt, "x", bias=bb if with_bias else None,
+                                activation=activation)
+
+    def lax_fn(a, wt, bb):
+        out = ref(a, wt)
+        return ACTS[activation](out + bb if with_bias else out)
+
+    specs = dict(mesh=mesh, in_specs=(x_spec, w_spec, b_spec), out_specs=out_spec)
+    ours, lax = jax.shard_map(ours_fn, **specs), jax.shard_map(lax_fn, **specs)
+    np.testing.assert_allclose(jax.jit(ours)(x, w, b), jax.jit(lax)(x, w, b), rtol=1e-5,
+                               atol=1e-5)
+    text = jax.jit(ours).lower(x, w, b).as_text()
+    assert text.count("jtd_triton") == 1 and "tanh" not in text and "erf" not in text
+    loss = lambda f: (lambda *a: jnp.sum(jnp.cos(f(*a))))  # noqa: E731
+    g = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))(x, w, b)
+    r = jax.jit(jax.grad(loss(lax), argnums=(0, 1, 2)))(x, w, b)
+    for a, c in zip(g, r, strict=True):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)
+
+
+def test_epilogue_bfloat16_batch_dims_and_vmap():
+    op, shape, axis, x_spec, out_spec, ref = SEQ_CASES[0]
+    x, w, mesh, w_spec, kwarg = _seq_case(op, shape, axis, x_spec, out_spec, 2, 4,
+                                          jnp.bfloat16)
+    b = jnp.linspace(-1, 1, w.shape[1]).astype(jnp.bfloat16)
+    ours = jax.shard_map(lambda a, c, d: jtd.all_gather_matmul(
+        a, c, "x", gather_axis=1, bias=d, activation="gelu_tanh"), mesh=mesh,
+        in_specs=(x_spec, w_spec, P("x")), out_specs=out_spec)
+    lax = jax.shard_map(lambda a, c, d: jax.nn.gelu(ref(a, c) + d), mesh=mesh,
+                        in_specs=(x_spec, w_spec, P("x")), out_specs=out_spec)
+    f32 = [v.astype(jnp.float32) for v in (x, w, b)]
+    got = jax.jit(ours)(x, w, b)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), jax.jit(lax)(*f32), rtol=3e-2,
+                               atol=3e-2)
+    xs = jnp.stack([f32[0], -f32[0]])
+    np.testing.assert_allclose(jax.jit(jax.vmap(ours, in_axes=(0, None, None)))(xs, *f32[1:]),
+                               jax.jit(jax.vmap(lax, in_axes=(0, None, None)))(xs, *f32[1:]),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_epilogue_errors():
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 4))
+
+    def run(**kw):
+        return jax.jit(jax.shard_map(lambda a, b: jtd.all_gather_matmul(a, b, "x", **kw),
+                                     mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"),
+                                     check_vma=False))(x, w)
+
+    with pytest.raises(ValueError, match="activation must be one of"):
+        run(activation="tanh")
+    with pytest.raises(ValueError, match=r"bias must be \[N\] = \(4,\), got \(3,\)"):
+        run(bias=jnp.ones(3))

@@ -138,7 +138,7 @@ def test_matmul_reduce_scatter_kernel(world):
     w = rng.standard_normal((world, k, n)).astype(np.float32) / 12
     per_segment = 2  # BLOCK_M=32 over 64 rows, BLOCK_N=128 over 128 columns
     out = one_gpu.run_ranks(
-        matmul_reduce_scatter_kernel, world, lambda c, r: [xs[c, r], w[r]],
+        matmul_reduce_scatter_kernel, world, lambda c, r: [xs[c, r], w[r], w[r, 0]],
         [((seg, n), np.float32)],
         [((2, world, seg, n), np.float32), ((2, world, per_segment), np.int32)],
         grid=(world * per_segment,),
@@ -162,7 +162,7 @@ def test_all_gather_matmul_kernel_with_symmetric_staging(world):
     w = rng.standard_normal((k, n)).astype(np.float32) / 12
     tiles = 2  # BLOCK_M=32 over 64 rows, BLOCK_N=128 over 128 columns, per shard
     out = one_gpu.run_ranks(
-        all_gather_matmul_kernel, world, lambda c, r: [xs[c, r], w],
+        all_gather_matmul_kernel, world, lambda c, r: [xs[c, r], w, w[0]],
         [((world * m, n), np.float32)], [((2, world), np.int32)], grid=(world * tiles,),
         kwargs={"m": m, "N": n, "K": k, "R": m, "stride_wk": n, "stride_wn": 1, "BLOCK_M": 32,
                 "BLOCK_N": 128, "BLOCK_K": 64,

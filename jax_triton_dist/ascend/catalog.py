@@ -139,18 +139,21 @@ def _fused(ranks: int) -> list[Case]:
     m, n, k = 256, 1024, 1024  # per-rank rows, columns, reduction
     ag = Case(
         "all_gather_matmul", "jax_triton_dist.kernels.gemm_collectives:all_gather_matmul_kernel",
-        {"x_ptr": "bf16", "w_ptr": "bf16", "c_ptr": "bf16", "flags_ptr": "i32"},
+        {"x_ptr": "bf16", "w_ptr": "bf16", "bias_ptr": "bf16", "c_ptr": "bf16",
+         "flags_ptr": "i32"},
         {"m": m, "N": n, "K": k, "R": m, "stride_wk": n},
-        dict(_gemm_tiles(m, n, k, ranks), stride_wn=1, BATCHED=False),
+        dict(_gemm_tiles(m, n, k, ranks), stride_wn=1, BATCHED=False, HAS_BIAS=False,
+             ACTIVATION="none"),
         # program 0 announces to every peer; a tile of a peer's shard waits once
         Expected(notifies=ranks - 1, waits=1))
     rs = Case(
         "matmul_reduce_scatter",
         "jax_triton_dist.kernels.gemm_collectives:matmul_reduce_scatter_kernel",
-        {"x_ptr": "bf16", "w_ptr": "bf16", "c_ptr": "bf16", "slots_ptr": "fp32",
-         "flags_ptr": "i32"},
+        {"x_ptr": "bf16", "w_ptr": "bf16", "bias_ptr": "bf16", "c_ptr": "bf16",
+         "slots_ptr": "fp32", "flags_ptr": "i32"},
         {"seg": m, "N": n, "K": k, "R": m, "stride_wk": n},
-        dict(_gemm_tiles(m, n, k, ranks), stride_wn=1, BATCHED=False),
+        dict(_gemm_tiles(m, n, k, ranks), stride_wn=1, BATCHED=False, HAS_BIAS=False,
+             ACTIVATION="none"),
         # a peer segment's tile is pushed once; the own segment's tile waits per rank;
         # keep_tile adds a barrier
         Expected(notifies=1, waits=ranks, barriers=1 + ranks + 1))

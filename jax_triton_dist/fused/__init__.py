@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jax_triton_dist import axis_names, dtypes
 from jax_triton_dist.compiler_axes import every_axis_manual
-from jax_triton_dist.fused import primitives
+from jax_triton_dist.fused import epilogue, primitives
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "GEMM_DTYPES",
            "W_LAYOUTS"]
@@ -69,9 +69,33 @@ def _team(axis_name: Any, groups: Groups, fn: str) -> dict[str, Any]:
                 size=team.num_ranks)
 
 
+def _with_epilogue(op: str, x, w, bias, activation, w_layout: str, params: dict):
+    """The plain fused primitive, or its epilogue variant with a bias / activation."""
+    activation = activation or "none"
+    if activation not in epilogue.ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be one of "
+                         f"{sorted(a for a in epilogue.ACTIVATIONS if a != 'none')} or None, "
+                         f"got {activation!r}")
+    if bias is None and activation == "none":
+        bind = {"all_gather_matmul": primitives.bind_all_gather_matmul,
+                "matmul_reduce_scatter": primitives.bind_matmul_reduce_scatter}[op]
+        return bind(x, w, **params)
+    n = w.shape[0] if w_layout == "nk" else w.shape[1]
+    has_bias = bias is not None
+    if has_bias:
+        bias = jnp.asarray(bias)
+        if bias.shape != (n,):
+            raise ValueError(f"{op}: bias must be [N] = ({n},), got {bias.shape}")
+        bias = bias.astype(x.dtype)
+    else:
+        bias = jnp.zeros((n,), x.dtype)
+    return epilogue.bind(op, x, w, bias, activation=activation, has_bias=has_bias, **params)
+
+
 @every_axis_manual
 def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
-                      axis_index_groups: Groups = None, w_layout: str = "kn") -> jax.Array:
+                      axis_index_groups: Groups = None, w_layout: str = "kn",
+                      bias: Any = None, activation: str | None = None) -> jax.Array:
     """``all_gather(x, tiled=True) @ w`` in one kernel (column-parallel layer).
 
     Each rank stages its rows in the symmetric heap and announces them; output tiles of its
@@ -85,6 +109,11 @@ def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
       w: per-rank ``[K, N_local]``: this rank's weight columns.
       w_layout: ``"kn"`` (``w`` as above) or ``"nk"`` (``w`` stored transposed, ``[N, K]``:
         read through strides, no transpose is made).
+      bias: optional ``[N]`` added to every output row, in the kernel's epilogue.
+      activation: optional ``"relu"``, ``"silu"``, ``"gelu"`` (exact) or ``"gelu_tanh"``,
+        applied after the bias in the epilogue. Differentiable: under differentiation the
+        kernel writes the pre-activation (the backward needs it) and XLA applies the
+        epilogue.
       axis_name: the manual mesh axis (or tuple of axes) the rows are split over.
       gather_axis: the dimension of ``x`` gathered (any but the last); the dimensions
         before it are batch entries, each gathered in place by the kernel.
@@ -97,14 +126,15 @@ def all_gather_matmul(x: Any, w: Any, axis_name: Any, *, gather_axis: int = 0,
     """
     x, w = _check_gemm(x, w, "all_gather_matmul", w_layout)
     axis = _check_dim(gather_axis, x.ndim, "all_gather_matmul", "gather_axis")
-    return primitives.bind_all_gather_matmul(
-        x, w, w_nk=w_layout == "nk", axis=axis,
-        **_team(axis_name, axis_index_groups, "all_gather_matmul"))
+    params = dict(w_nk=w_layout == "nk", axis=axis,
+                  **_team(axis_name, axis_index_groups, "all_gather_matmul"))
+    return _with_epilogue("all_gather_matmul", x, w, bias, activation, w_layout, params)
 
 
 @every_axis_manual
 def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: int = 0,
-                          axis_index_groups: Groups = None, w_layout: str = "kn") -> jax.Array:
+                          axis_index_groups: Groups = None, w_layout: str = "kn",
+                          bias: Any = None, activation: str | None = None) -> jax.Array:
     """``psum_scatter(x @ w, scatter_dimension, tiled=True)`` in one kernel (row-parallel
     layer).
 
@@ -119,6 +149,11 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: 
       w: per-rank ``[K_local, N]``.
       w_layout: ``"kn"`` (``w`` as above) or ``"nk"`` (``w`` stored transposed, ``[N, K]``:
         read through strides, no transpose is made).
+      bias: optional ``[N]`` added to every output row, in the kernel's epilogue.
+      activation: optional ``"relu"``, ``"silu"``, ``"gelu"`` (exact) or ``"gelu_tanh"``,
+        applied after the bias in the epilogue. Differentiable: under differentiation the
+        kernel writes the pre-activation (the backward needs it) and XLA applies the
+        epilogue.
       axis_name: the manual mesh axis (or tuple of axes) the K dimension is split over.
       scatter_dimension: the dimension scattered (any but the last): rank r gets its
         ``r``-th block of it, for every entry of the dimensions before it.
@@ -136,8 +171,8 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: 
         raise ValueError(f"matmul_reduce_scatter: dimension {axis} of x has {x.shape[axis]} "
                          f"entries, which do not divide by the {team['size']} ranks of axis "
                          f"{axis_name!r}")
-    return primitives.bind_matmul_reduce_scatter(x, w, w_nk=w_layout == "nk", axis=axis,
-                                                 **team)
+    params = dict(w_nk=w_layout == "nk", axis=axis, **team)
+    return _with_epilogue("matmul_reduce_scatter", x, w, bias, activation, w_layout, params)
 
 
 @every_axis_manual

@@ -40,9 +40,16 @@ def _rows(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
     return math.prod(shape[:axis]), math.prod(shape[axis:-1])
 
 
-def all_gather_matmul(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
-                      w_nk: bool = False, axis: int = 0) -> jax.Array:
-    """``all_gather(x, axis=axis, tiled=True) @ w``."""
+def _epilogue(x: jax.Array, bias: jax.Array | None, activation: str) -> dict:
+    """The bias operand (a placeholder when there is none) and the epilogue constexprs."""
+    operand = bias if bias is not None else jnp.zeros((1,), x.dtype)
+    return {"bias": operand, "HAS_BIAS": bias is not None, "ACTIVATION": activation}
+
+
+def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, axes,
+                      groups, size: int, w_nk: bool = False, axis: int = 0,
+                      activation: str = "none") -> jax.Array:
+    """``activation(all_gather(x, axis=axis, tiled=True) @ w + bias)``."""
     k = x.shape[-1]
     n, stride_wk, stride_wn = _weight(w, w_nk)
     batch, rows = _rows(x.shape, axis)
@@ -50,18 +57,21 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
     out_shape = x.shape[:axis] + (size * x.shape[axis],) + x.shape[axis + 1:-1] + (n,)
     tiles = gemm_tiles(m, n, k, copies=size)
     grid = size * triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
+    epilogue = _epilogue(x, bias, activation)
     return triton_call(
-        all_gather_matmul_kernel, x.reshape(m, k), w,
+        all_gather_matmul_kernel, x.reshape(m, k), w, epilogue.pop("bias"),
         out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
         workspace=[Workspace((2, size), jnp.int32)], symmetric=[0],
         grid=(grid,), axis_name=axes, axis_index_groups=groups, num_stages=3, m=m, N=n, K=k,
-        R=rows, stride_wk=stride_wk, stride_wn=stride_wn, BATCHED=batch > 1, **tiles,
+        R=rows, stride_wk=stride_wk, stride_wn=stride_wn, BATCHED=batch > 1, **epilogue,
+        **tiles,
     ).reshape(out_shape)
 
 
-def matmul_reduce_scatter(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
-                          w_nk: bool = False, axis: int = 0) -> jax.Array:
-    """``psum_scatter(x @ w, scatter_dimension=axis, tiled=True)``."""
+def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *,
+                          axes, groups, size: int, w_nk: bool = False, axis: int = 0,
+                          activation: str = "none") -> jax.Array:
+    """``activation(psum_scatter(x @ w, scatter_dimension=axis, tiled=True) + bias)``."""
     k = x.shape[-1]
     n, stride_wk, stride_wn = _weight(w, w_nk)
     batch, rows = _rows(x.shape, axis)
@@ -70,14 +80,15 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, *, axes, groups, size: int
     out_shape = x.shape[:axis] + (x.shape[axis] // size,) + x.shape[axis + 1:-1] + (n,)
     tiles = gemm_tiles(seg, n, k, copies=size)
     per_segment = triton.cdiv(seg, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
+    epilogue = _epilogue(x, bias, activation)
     return triton_call(
-        matmul_reduce_scatter_kernel, x.reshape(batch * rows, k), w,
+        matmul_reduce_scatter_kernel, x.reshape(batch * rows, k), w, epilogue.pop("bias"),
         out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
         workspace=[Workspace((2, size, seg, n), jnp.float32),
                    Workspace((2, size, per_segment), jnp.int32)],
         grid=(size * per_segment,), axis_name=axes, axis_index_groups=groups, num_stages=3,
         seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk, stride_wn=stride_wn,
-        BATCHED=batch > 1, **tiles,
+        BATCHED=batch > 1, **epilogue, **tiles,
     ).reshape(out_shape)
 
 
