@@ -229,3 +229,31 @@ def test_moe_dispatch_and_combine_on_gpu(k, skew):
         np.testing.assert_array_equal(inputs, want_inputs)
         np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(dropped, want_dropped)
+
+
+@requires_gpu
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter"])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("activation", [None, "gelu_tanh", "silu"])
+def test_fused_layouts_batch_dims_and_epilogues_compiled(op, layout, activation):
+    """The compiled nk-weight, batched (BATCHED constexpr) and epilogue paths at world size 1
+    against XLA in float32."""
+    mesh = gpu_mesh()
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((2, 256, 512)), jnp.bfloat16)  # [batch, seq, d]
+    w = jnp.asarray(rng.standard_normal((512, 384)) / 16, jnp.bfloat16)
+    b = jnp.asarray(rng.standard_normal(384), jnp.bfloat16)
+    kwarg = {"gather_axis": 1} if op == "all_gather_matmul" else {"scatter_dimension": 1}
+    stored = w if layout == "kn" else w.T
+
+    def ours(a, c, d):
+        return getattr(jtd, op)(a, c, "x", w_layout=layout, bias=d, activation=activation,
+                                **kwarg)
+
+    act = {None: lambda v: v, "gelu_tanh": jax.nn.gelu, "silu": jax.nn.silu}[activation]
+    f = jax.jit(jax.shard_map(ours, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P(),
+                              check_vma=False))
+    got = np.asarray(f(x, stored, b), np.float32)
+    want = np.asarray(act(jnp.einsum("bsd,dn->bsn", x.astype(jnp.float32),
+                                     w.astype(jnp.float32)) + b.astype(jnp.float32)))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
