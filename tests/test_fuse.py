@@ -375,3 +375,20 @@ def test_sequence_parallel_mlp_on_batch_seq_model_arrays():
     r = jax.jit(jax.grad(loss(jax.shard_map(block, mesh=mesh, **specs)), argnums=(0, 1, 2)))
     for a, b in zip(g(x, w1t, w2), r(x, w1t, w2), strict=True):
         _close(a, b, tol=1e-4)
+
+
+def test_scan_operand_counts_without_the_parameters():
+    """Newer jax drops num_consts / num_carry from scan equations; they are derived."""
+    from jax_triton_dist.fuse.evaluate import _scan_counts
+
+    c = jnp.ones((3,))
+
+    def f(init, xs):
+        return jax.lax.scan(lambda h, x: (h * c + x.sum(), (h, x * 2)), init, xs)
+
+    closed = jax.make_jaxpr(f)(jnp.ones((3,)), jnp.ones((5, 3, 2)))
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
+    if "num_consts" in eqn.params:  # jax 0.10: the parameters say it
+        assert (eqn.params["num_consts"], eqn.params["num_carry"]) == (1, 1)
+    stripped = {k: v for k, v in eqn.params.items() if k not in ("num_consts", "num_carry")}
+    assert _scan_counts(eqn.replace(params=stripped)) == (1, 1)

@@ -127,9 +127,30 @@ def _closed(closed, options):
     return run
 
 
+def _scan_counts(eqn) -> tuple[int, int]:
+    """``(consts, carry)`` operands of a scan equation. Newer jax no longer has them as
+    parameters: carries keep their rank in and out of the body, scanned operands and
+    stacked results have one more dimension than the body sees."""
+    p = eqn.params
+    if "num_consts" in p and "num_carry" in p:
+        return p["num_consts"], p["num_carry"]
+    body = p["jaxpr"].jaxpr
+    n_carry = 0
+    for outer, inner in zip(eqn.outvars, body.outvars, strict=True):
+        if outer.aval.ndim != inner.aval.ndim:
+            break
+        n_carry += 1
+    n_xs = 0
+    for outer, inner in zip(reversed(eqn.invars), reversed(body.invars), strict=True):
+        if outer.aval.ndim != inner.aval.ndim + 1:
+            break
+        n_xs += 1
+    return len(eqn.invars) - n_carry - n_xs, n_carry
+
+
 def _scan(eqn, values, options):
     p = eqn.params
-    n_consts, n_carry = p["num_consts"], p["num_carry"]
+    n_consts, n_carry = _scan_counts(eqn)
     consts, init, xs = (values[:n_consts], values[n_consts:n_consts + n_carry],
                         values[n_consts + n_carry:])
     run = _closed(p["jaxpr"], options)
