@@ -62,7 +62,8 @@ def test_tp_mlp_fused_same_outputs_and_gradients(form):
         fused_fn = fused = jtd.fuse(jax.jit(plain))
     _close(jax.jit(fused)(*args), jax.jit(plain)(*args))
     report = fused_fn.last_report
-    assert [op for op, _ in report.rewrites] == ["all_gather_matmul", "matmul_reduce_scatter"]
+    assert [op for op, _ in report.rewrites] == ["all_gather_matmul with gelu_tanh",
+                                                 "matmul_reduce_scatter"]
     assert all("test_fuse.py" in where and "(mlp)" in where for _, where in report.rewrites)
     assert report.near_misses == []
 
@@ -366,7 +367,7 @@ def test_sequence_parallel_mlp_on_batch_seq_model_arrays():
     fused_fn = jtd.fuse(block)
     fused = jax.jit(jax.shard_map(fused_fn, mesh=mesh, **specs))
     _close(fused(x, w1t, w2), plain(x, w1t, w2), tol=1e-4)
-    assert [op for op, _ in fused_fn.last_report.rewrites] == ["all_gather_matmul",
+    assert [op for op, _ in fused_fn.last_report.rewrites] == ["all_gather_matmul with relu",
                                                                 "matmul_reduce_scatter"]
     calls, xla = _hlo_counts(fused, x, w1t, w2)
     assert calls == 2 and not any(xla.values())
@@ -392,3 +393,41 @@ def test_scan_operand_counts_without_the_parameters():
         assert (eqn.params["num_consts"], eqn.params["num_carry"]) == (1, 1)
     stripped = {k: v for k, v in eqn.params.items() if k not in ("num_consts", "num_carry")}
     assert _scan_counts(eqn.replace(params=stripped)) == (1, 1)
+
+
+ACTIVATION_CASES = {
+    "bias+relu": (lambda h, b: jax.nn.relu(h + b), "bias+relu"),
+    "silu": (lambda h, b: jax.nn.silu(h), "silu"),
+    "bias+gelu": (lambda h, b: jax.nn.gelu(h + b, approximate=False), "bias+gelu"),
+    "bias": (lambda h, b: h + b, "bias"),
+    "bias_reused": (lambda h, b: jax.nn.relu(h + b) + jnp.sum(b), "bias+relu"),
+    "pre_activation_reused": (lambda h, b: jax.nn.silu(h) + h, None),
+    "bias_not_a_vector": (lambda h, b: h + b[0], None),
+}
+
+
+@pytest.mark.parametrize("case", list(ACTIVATION_CASES))
+def test_a_following_bias_and_activation_fold_into_the_epilogue(case):
+    mesh = _mesh()
+    act, folded = ACTIVATION_CASES[case]
+    rng = np.random.default_rng(14)
+    x, w, b = _rand(rng, 16, 16), _rand(rng, 16, 32), _rand(rng, 32)
+
+    def body(x, w, b):
+        return act(jax.lax.all_gather(x, "x", tiled=True) @ w, b)
+
+    specs = dict(in_specs=(P("x"), P(None, "x"), P("x")), out_specs=P(None, "x"))
+    fused_fn = jtd.fuse(body)
+    fused = jax.jit(jax.shard_map(fused_fn, mesh=mesh, **specs))
+    plain = jax.jit(jax.shard_map(body, mesh=mesh, **specs))
+    _close(fused(x, w, b), plain(x, w, b), tol=1e-5)
+    (rewrite,) = [op for op, _ in fused_fn.last_report.rewrites]
+    assert rewrite == "all_gather_matmul" + (f" with {folded}" if folded else "")
+    if folded and "gelu" in folded:
+        assert "erf" not in fused.lower(x, w, b).as_text()  # the epilogue is in the kernel
+    g = jax.jit(jax.grad(lambda *a: jnp.sum(jax.shard_map(fused_fn, mesh=mesh, **specs)(*a)
+                                            ** 2), argnums=(0, 1, 2)))(x, w, b)
+    r = jax.jit(jax.grad(lambda *a: jnp.sum(jax.shard_map(body, mesh=mesh, **specs)(*a)
+                                            ** 2), argnums=(0, 1, 2)))(x, w, b)
+    for a, c in zip(g, r, strict=True):
+        _close(a, c, tol=1e-4)

@@ -66,6 +66,9 @@ def _fused(match: patterns.Match, read) -> Any:
     fn = getattr(jtd_fused, match.op)
     dims = {"all_gather_matmul": {"gather_axis": match.axis},
             "matmul_reduce_scatter": {"scatter_dimension": match.axis}}.get(match.op, {})
+    if match.bias is not None or match.activation is not None:
+        dims.update(bias=None if match.bias is None else read(match.bias),
+                    activation=match.activation)
     return fn(read(match.x), read(match.w), match.axis_name,
               axis_index_groups=_groups(match.groups),
               w_layout="nk" if match.transpose_w else "kn", **dims)
@@ -223,14 +226,18 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], options: Options
         write(var, value)
     matches, misses = patterns.find(jaxpr)
     options.misses.extend(misses)
-    skipped = {m.first for m in matches}
-    fused = {m.second: m for m in matches}
+    skipped = {i for m in matches for i in (m.first, m.second, *m.absorbed) if i != m.last}
+    fused = {m.last: m for m in matches}
     for index, eqn in enumerate(jaxpr.eqns):
         if index in skipped:
             continue
         if index in fused:
-            outs = [_fused(fused[index], read)]
-            options.rewrites.append((fused[index].op, fused[index].where))
+            match = fused[index]
+            outs = [_fused(match, read)]
+            epilogue = "+".join(([] if match.bias is None else ["bias"])
+                                + ([match.activation] if match.activation else []))
+            options.rewrites.append((match.op + (f" with {epilogue}" if epilogue else ""),
+                                     match.where))
         else:
             values = [read(v) for v in eqn.invars]
             name = eqn.primitive.name

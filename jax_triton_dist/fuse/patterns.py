@@ -40,6 +40,10 @@ class Match:
     transpose_w: bool
     where: str
     axis: int = 0  # the dimension gathered or scattered (leading dimensions are batches)
+    bias: Any = None  # a [N] atom added to the result, folded into the epilogue
+    activation: str | None = None  # folded into the epilogue
+    last: int = -1  # the equation whose result the fused op gives (second, or the epilogue's)
+    absorbed: tuple[int, ...] = ()  # epilogue equations replaced too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +117,176 @@ def _dot_problem(dot, lhs_var) -> tuple[str | None, bool]:
     return None, tuple(contract[1]) == (1,)
 
 
+# ---------------------------------------------------------------------------
+# Epilogues: a bias add and an activation after an all_gather_matmul / matmul_reduce_scatter
+# ---------------------------------------------------------------------------
+
+_EPILOGUE_OPS = ("all_gather_matmul", "matmul_reduce_scatter")
+
+
+_PLACEMENT = ("mesh", "sharding", "layout")
+
+
+def _is_rule(value) -> bool:
+    """A derivative-rule function or thunk among a custom_jvp / custom_vjp's parameters."""
+    return callable(value) or type(value).__name__ in ("WrappedFun", "HashableFunction")
+
+
+def _signature(jaxpr) -> list:
+    """What ``jaxpr`` computes, up to variable names, ``pvary`` casts and varying-axes
+    annotations: each equation's primitive, parameters and literal operands, in order."""
+    if isinstance(jaxpr, jcore.ClosedJaxpr):
+        jaxpr = jaxpr.jaxpr
+    out = []
+    constants = {}  # pvary casts of literals: the literal
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pvary":
+            if all(isinstance(v, jcore.Literal) for v in eqn.invars):
+                constants.update({o: v for o, v in zip(eqn.outvars, eqn.invars, strict=True)})
+            continue
+        params = []
+        for key in sorted(eqn.params):
+            if any(word in key for word in _PLACEMENT):
+                continue  # where it runs (differs inside shard_map), not what it computes
+            value = eqn.params[key]
+            if isinstance(value, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+                params.append((key, _signature(value)))
+            elif not _is_rule(value):
+                params.append((key, repr(value)))
+        atoms = [constants.get(v, v) if isinstance(v, jcore.Var) else v for v in eqn.invars]
+        literals = [repr(np.asarray(v.val).tolist()) for v in atoms
+                    if isinstance(v, jcore.Literal)]
+        out.append((eqn.primitive.name, params, literals))
+    return out
+
+
+def _same_params(a: dict, b: dict) -> bool:
+    if set(a) != set(b):
+        return False
+    for key, x in a.items():
+        y = b[key]
+        if any(word in key for word in _PLACEMENT):
+            continue
+        if isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+            if _signature(x) != _signature(y):
+                return False
+        elif _is_rule(x):
+            continue  # rule thunks of custom_jvp / custom_vjp: compared through their jaxprs
+        elif x != y:
+            return False
+    return True
+
+
+def _templates(aval) -> dict[str, Any]:
+    """The jaxprs of the epilogue activations on values of type ``aval`` (traced with this
+    jax, so a user's jax.nn call matches whatever form it takes here)."""
+    import jax
+
+    from jax_triton_dist.fused.epilogue import ACTIVATIONS
+
+    sds = jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+    return {name: jax.make_jaxpr(fn)(sds).jaxpr for name, fn in ACTIVATIONS.items()
+            if name != "none"}
+
+
+def _match_template(jaxpr, start: int, var, template, uses) -> tuple[int, Any] | None:
+    """If the equations from ``start`` compute ``template`` of ``var`` (``pvary`` of
+    constants allowed in between), ``(index after them, result var)``."""
+    env = {template.invars[0]: var}
+    inside: dict[Any, int] = {}  # uses of each variable by the matched equations
+    i = start
+    for t_eqn in template.eqns:
+        while i < len(jaxpr.eqns) and jaxpr.eqns[i].primitive.name == "pvary" and all(
+                not isinstance(v, jcore.Var) or v not in _chain_vars(env) for v in
+                jaxpr.eqns[i].invars):
+            i += 1  # a pvary of a constant the activation uses
+        if i >= len(jaxpr.eqns):
+            return None
+        eqn = jaxpr.eqns[i]
+        if eqn.primitive.name != t_eqn.primitive.name or not _same_params(eqn.params,
+                                                                           t_eqn.params):
+            return None
+        if len(eqn.invars) != len(t_eqn.invars):
+            return None
+        for u, t in zip(eqn.invars, t_eqn.invars, strict=True):
+            if isinstance(t, jcore.Literal):
+                value = _literal_value(u, jaxpr, i)
+                if value is None or not np.array_equal(np.asarray(value), np.asarray(t.val)):
+                    return None
+            elif env.get(t) is not u:
+                return None
+            else:
+                inside[u] = inside.get(u, 0) + 1
+        for u, t in zip(eqn.outvars, t_eqn.outvars, strict=True):
+            env[t] = u
+        i += 1
+    out = env.get(template.outvars[0])
+    inner = [v for v in env.values() if v is not out]
+    if out is None or any(uses.get(v, 0) != inside.get(v, 0) for v in inner):
+        return None  # an intermediate (or the GEMM's result) is also used elsewhere
+    return i, out
+
+
+def _chain_vars(env: dict) -> set:
+    return set(env.values())
+
+
+def _literal_value(atom, jaxpr, index: int):
+    """The constant value of ``atom``: a literal, or a pvary of one made just before."""
+    if isinstance(atom, jcore.Literal):
+        return atom.val
+    for eqn in reversed(jaxpr.eqns[:index]):
+        if atom in eqn.outvars:
+            if eqn.primitive.name == "pvary" and isinstance(eqn.invars[0], jcore.Literal):
+                return eqn.invars[0].val
+            return None
+    return None
+
+
+def _consumer(jaxpr, j: int, var) -> int | None:
+    """The first equation after ``j`` that reads ``var``."""
+    for k in range(j + 1, len(jaxpr.eqns)):
+        if any(v is var for v in jaxpr.eqns[k].invars):
+            return k
+    return None
+
+
+def _epilogue(jaxpr, j: int, uses, producer) -> tuple[Any, str | None, int, tuple[int, ...]]:
+    """A bias add and/or an activation right after equation ``j``:
+    ``(bias atom or None, activation or None, last equation, equations absorbed)``."""
+    var = jaxpr.eqns[j].outvars[0]
+    bias, activation, last, absorbed = None, None, j, []
+    consumer = _consumer(jaxpr, j, var)
+    if consumer is not None and uses.get(var, 0) == 1:
+        eqn = jaxpr.eqns[consumer]
+        if eqn.primitive.name == "add":
+            other = eqn.invars[1] if eqn.invars[0] is var else eqn.invars[0]
+            b = producer.get(other) if isinstance(other, jcore.Var) else None
+            src = jaxpr.eqns[b] if b is not None else None
+            if (src is not None and src.primitive.name == "broadcast_in_dim"
+                    and src.invars[0].aval.ndim == 1
+                    and tuple(src.params["broadcast_dimensions"]) == (var.aval.ndim - 1,)
+                    and all(d in (1, v) for d, v in zip(src.outvars[0].aval.shape[:-1],
+                                                        var.aval.shape[:-1], strict=True))
+                    and eqn.outvars[0].aval.shape == var.aval.shape
+                    and uses.get(other, 0) == 1):
+                bias, var, last = src.invars[0], eqn.outvars[0], consumer
+                absorbed += [b, consumer]
+    i = _consumer(jaxpr, last, var)
+    if i is None:
+        return bias, activation, last, tuple(sorted(set(absorbed)))
+    for name, template in _templates(var.aval).items():
+        found = _match_template(jaxpr, i, var, template, uses)
+        if found is not None:
+            end, out = found
+            # the activation's equations; pvary casts of its constants stay (unused)
+            absorbed += [k for k in range(i, end) if jaxpr.eqns[k].primitive.name != "pvary"]
+            activation, last = name, producer[out]
+            break
+    return bias, activation, last, tuple(sorted(set(absorbed)))
+
+
+
 def find(jaxpr) -> tuple[list[Match], list[NearMiss]]:
     """The matches and near misses among ``jaxpr``'s own equations (not its sub-jaxprs)."""
     uses = _uses(jaxpr)
@@ -182,4 +356,15 @@ def find(jaxpr) -> tuple[list[Match], list[NearMiss]]:
                                  p.get("axis_index_groups"), transpose, where,
                                  p.get("scatter_dimension", 0)))
             claimed |= {i, j}
-    return matches, misses
+    folded = []
+    for match in matches:
+        if match.op not in _EPILOGUE_OPS:
+            folded.append(dataclasses.replace(match, last=match.second))
+            continue
+        bias, activation, last, absorbed = _epilogue(jaxpr, match.second, uses, producer)
+        if bias is not None and np.dtype(bias.aval.dtype) != np.dtype(
+                jaxpr.eqns[match.second].outvars[0].aval.dtype):
+            bias, activation, last, absorbed = None, None, match.second, ()
+        folded.append(dataclasses.replace(match, bias=bias, activation=activation, last=last,
+                                          absorbed=absorbed))
+    return folded, misses
