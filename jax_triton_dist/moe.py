@@ -133,11 +133,13 @@ def _move_fwd(rows, order, recv_offsets, recv_counts, dest_rank, dest_row, axis_
               local_experts, capacity):
     out = _move(rows, order, recv_offsets, recv_counts, dest_rank, dest_row, axis_name,
                 local_experts, capacity)
-    return out, (dest_rank, dest_row)
+    return out, (dest_rank, dest_row, out)
 
 
 def _move_bwd(axis_name, local_experts, capacity, residuals, ct):
-    dest_rank, dest_row = residuals
+    dest_rank, dest_row, out = residuals
+    # after the forward kernel (see _pull_bwd)
+    ct, dest_rank, dest_row, _ = jax.lax.optimization_barrier((ct, dest_rank, dest_row, out))
     kept = (dest_row >= 0).astype(jnp.float32)
     return (_pull(ct, dest_rank, dest_row, kept, axis_name), None, None, None, None, None)
 
@@ -153,11 +155,16 @@ def _pull(expert_outputs, dest_rank, dest_row, weights, axis_name):
 
 def _pull_fwd(expert_outputs, dest_rank, dest_row, weights, axis_name):
     out = _pull(expert_outputs, dest_rank, dest_row, weights, axis_name)
-    return out, (expert_outputs, dest_rank, dest_row, weights)
+    return out, (expert_outputs, dest_rank, dest_row, weights, out)
 
 
 def _pull_bwd(axis_name, residuals, ct):
-    expert_outputs, dest_rank, dest_row, weights = residuals
+    expert_outputs, dest_rank, dest_row, weights, out = residuals
+    # Every distributed kernel below runs after the forward kernel (its result is a
+    # residual) and after the one before it: kernels without a data dependency may start in
+    # different orders on different devices, and ranks waiting in different kernels for
+    # each other would stop until the wait timeout.
+    ct, dest_rank, dest_row, _ = jax.lax.optimization_barrier((ct, dest_rank, dest_row, out))
     local_experts, capacity, h = expert_outputs.shape
     world = axis_size(axis_name)
     t, k = dest_rank.shape
@@ -175,11 +182,14 @@ def _pull_bwd(axis_name, residuals, ct):
                       rows.reshape(t * k, 1), axis_name, local_experts, capacity)
     # d weights[t, i]: the cotangent against the row choice i read.
     ones = jnp.ones((t, 1), jnp.float32)
-    d_weights = jnp.stack([
-        jnp.sum(ct.astype(jnp.float32) * _pull(expert_outputs, dest_rank[:, i:i + 1],
-                                               dest_row[:, i:i + 1], ones, axis_name
-                                               ).astype(jnp.float32), axis=1)
-        for i in range(k)], axis=1).astype(weights.dtype)
+    columns, after = [], d_outputs
+    for i in range(k):
+        _, outputs = jax.lax.optimization_barrier((after, expert_outputs))
+        after = _pull(outputs, dest_rank[:, i:i + 1], dest_row[:, i:i + 1], ones, axis_name)
+        columns.append(jnp.sum(ct.astype(jnp.float32) * after.astype(jnp.float32), axis=1))
+    d_weights = jnp.stack(columns, axis=1).astype(weights.dtype)
+    # What uses d_outputs next (dispatch's backward pull) comes after the pulls above.
+    d_outputs, d_weights = jax.lax.optimization_barrier((d_outputs, d_weights))
     return d_outputs, None, None, d_weights
 
 

@@ -126,7 +126,7 @@ std::mutex g_plans_mu;
 std::map<std::pair<int64_t, int>, std::unique_ptr<Plan>> g_plans;
 // Plans dropped by clear_plans stay allocated: a handler may still hold a pointer.
 std::vector<std::unique_ptr<Plan>> g_retired;
-nb::object* g_planner = nullptr;  // leaked: must outlive interpreter shutdown
+nb::object* g_planner = nullptr;        // leaked: must outlive interpreter shutdown
 nb::object* g_launch_logger = nullptr;  // leaked likewise
 // At interpreter exit no first call may enter Python to plan (see cpu_dispatch.cc).
 std::atomic<int> g_planning{0};

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from jax_triton_dist.shmem import settings
+
 __all__ = ["DUMP_IR_ENV", "LOG_ENV", "LOG_CATEGORIES", "TIMELINE_ENV", "TIMELINE_EVENTS_ENV",
            "DEFAULT_TIMELINE_EVENTS", "dump_ir_dir", "log_categories", "logs",
            "timeline_path", "timeline_events", "check_environment"]
@@ -71,16 +73,8 @@ def timeline_events() -> int:
     Raises:
       ValueError: not a positive integer.
     """
-    raw = os.environ.get(TIMELINE_EVENTS_ENV)
-    if raw is None:
-        return DEFAULT_TIMELINE_EVENTS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{TIMELINE_EVENTS_ENV}={raw!r} is not an integer") from None
-    if value <= 0:
-        raise ValueError(f"{TIMELINE_EVENTS_ENV} must be positive, got {raw!r}")
-    return value
+    return settings.positive_from_env(TIMELINE_EVENTS_ENV, DEFAULT_TIMELINE_EVENTS, int,
+                                      "an integer")
 
 
 def check_environment() -> None:

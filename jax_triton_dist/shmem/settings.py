@@ -11,7 +11,8 @@ import os
 __all__ = [
     "BACKENDS", "BACKEND_ENV", "HEAP_SIZE_ENV", "TIMEOUT_ENV", "DEFAULT_HEAP_SIZE",
     "DEFAULT_GPU_HEAP_SIZE", "DEFAULT_NVSHMEM_HEAP_SIZE", "DEFAULT_TIMEOUT_S", "ALIGNMENT",
-    "aligned", "parse_size", "heap_size_or_default", "wait_timeout", "backend_from_env",
+    "aligned", "parse_size", "heap_size_or_default", "wait_timeout", "positive_from_env",
+    "backend_from_env",
     "check_environment",
 ]
 
@@ -85,15 +86,24 @@ def wait_timeout() -> float:
     Raises:
       ValueError: the variable is not a positive number.
     """
-    raw = os.environ.get(TIMEOUT_ENV)
+    return positive_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, float, "a number of seconds")
+
+
+def positive_from_env(name: str, default, convert, what: str):
+    """``convert($name)``, or ``default`` when the variable is unset.
+
+    Raises:
+      ValueError: the value is not ``what`` (``convert`` fails), or not positive.
+    """
+    raw = os.environ.get(name)
     if raw is None:
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
-        value = float(raw)
+        value = convert(raw)
     except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+        raise ValueError(f"{name}={raw!r} is not {what}") from None
     if value <= 0:
-        raise ValueError(f"{TIMEOUT_ENV} must be positive, got {raw!r}")
+        raise ValueError(f"{name} must be positive, got {raw!r}")
     return value
 
 
