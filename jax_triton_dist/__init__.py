@@ -19,7 +19,20 @@ Public API:
   ``python -m jax_triton_dist doctor`` and ``python -m jax_triton_dist.stress``.
 """
 
-from jax_triton_dist import lax, shmem, timeline
+import importlib.util as _importlib_util
+import os as _os
+
+if _importlib_util.find_spec("jax_triton_dist._shmem") is None:
+    # Python found this package in a directory without the built extensions, most often
+    # the repository root (the current directory comes first on sys.path) shadowing the
+    # installed package.
+    raise ImportError(
+        f"jax_triton_dist was imported from {_os.path.dirname(__file__)}, which holds no "
+        "built extension (_shmem). If that is a source checkout and the package is "
+        "installed, run from another directory (Python puts the current directory first "
+        "on sys.path); otherwise install it: pip install .")
+
+from jax_triton_dist import lax, shmem, timeline  # noqa: E402
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from jax_triton_dist.fuse import fuse
 from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter

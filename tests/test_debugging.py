@@ -184,7 +184,7 @@ def test_timeline_environment_variable_writes_the_trace_at_exit(tmp_path):
         "f(jnp.ones((2, 256))).block_until_ready()\n")
     env = dict(os.environ, JTD_TIMELINE=str(path))
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     _check_trace(json.loads(path.read_text()), [0, 1])
 

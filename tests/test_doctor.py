@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 from jax_triton_dist import doctor
 
@@ -10,8 +11,10 @@ from jax_triton_dist import doctor
 def _doctor(**env):
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     environment.update(env)
+    # Outside the checkout: from its root, the source tree would shadow the installed package.
     return subprocess.run([sys.executable, "-m", "jax_triton_dist", "doctor"],
-                          capture_output=True, text=True, timeout=300, env=environment)
+                          capture_output=True, text=True, timeout=300, env=environment,
+                          cwd=tempfile.gettempdir())
 
 
 def test_doctor_passes_on_this_machine():

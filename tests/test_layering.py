@@ -7,6 +7,10 @@ imports alike), so a lazy import cannot hide a cycle.
 
 import ast
 import pathlib
+import subprocess
+import sys
+
+import pytest
 
 import jax_triton_dist
 
@@ -100,3 +104,14 @@ def test_no_module_over_600_lines():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 600}
     assert not long, long
+
+
+def test_an_unbuilt_source_tree_says_why_it_cannot_be_imported():
+    source = pathlib.Path(__file__).resolve().parents[1]
+    if list((source / "jax_triton_dist").glob("_shmem*")):
+        pytest.skip("the extensions are built inside this checkout")
+    result = subprocess.run([sys.executable, "-c", "import jax_triton_dist"], cwd=source,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"imported from {source / 'jax_triton_dist'}, which holds no built" in result.stderr
+    assert "run from another directory" in result.stderr
