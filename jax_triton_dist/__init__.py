@@ -32,7 +32,7 @@ if _importlib_util.find_spec("jax_triton_dist._shmem") is None:
         "installed, run from another directory (Python puts the current directory first "
         "on sys.path); otherwise install it: pip install .")
 
-from jax_triton_dist import lax, shmem, timeline  # noqa: E402
+from jax_triton_dist import autotune, lax, shmem, timeline  # noqa: E402
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from jax_triton_dist.fuse import fuse
 from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
@@ -42,6 +42,7 @@ from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, 
 
 __all__ = [
     "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem", "lax", "timeline",
+    "autotune",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "fuse",
     "moe_dispatch", "moe_combine", "MoERouting", "heap_usage", "Usage", "check_errors",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,7 +39,13 @@ import numpy as np
 from jax_triton_dist import shmem
 from jax_triton_dist.language import device_abi
 from jax_triton_dist.language.device_abi import ParamKind
-from jax_triton_dist.runtime import call_site, cuda_dispatch, cuda_driver, timeline_capture
+from jax_triton_dist.runtime import (
+    call_site,
+    cuda_dispatch,
+    cuda_driver,
+    timeline_capture,
+    tuning,
+)
 from jax_triton_dist.shmem import heap, lifetime
 
 __all__ = ["run_ranks"]
@@ -61,31 +68,68 @@ def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs,
     def spec(shape, dtype):
         return call_site.ArraySpec(tuple(shape), np.dtype(dtype))
 
+    tuner = kernel if isinstance(kernel, tuning.Autotuned) else None
+    variants = tuning.variants_of(
+        tuner.candidates(kwargs) if tuner else None, kwargs, {},
+        lambda meta: tuple(grid(meta) if callable(grid) else grid))
+    per_variant = [[spec(*w) for w in (workspaces(v.kwargs) if callable(workspaces)
+                                       else workspaces)] for v in variants]
     params = [("array", i) for i in range(len(inputs))]
     params += [("output", i) for i in range(len(outputs))]
-    params += [("workspace", i) for i in range(len(workspaces))]
+    params += [("workspace", i) for i in range(len(per_variant[0]))]
+    kernel = tuner.kernel if tuner else kernel
     return call_site.CallSite(
-        kernel=kernel, label=kernel.fn.__name__, grid=tuple(grid),
+        kernel=kernel, label=kernel.fn.__name__, variants=variants,
         team_axes=call_site.TeamAxes(("x",), (world,), (0,)), params=params,
         inputs=[spec(a.shape, a.dtype) for a in inputs], symmetric=frozenset(symmetric),
-        outputs=[spec(*o) for o in outputs], workspaces=[spec(*w) for w in workspaces],
-        kwargs=dict(kwargs), call_id=next(_ids), timeline=timeline_capture.capacity())
+        outputs=[spec(*o) for o in outputs],
+        workspaces=[max(c, key=lambda s: s.nbytes) for c in zip(*per_variant, strict=True)],
+        tuner=tuner, call_id=next(_ids), timeline=timeline_capture.capacity())
+
+
+def _choose(site: call_site.CallSite, team: call_site.TeamState, device: int,
+            args: list[list[int]], rets: list[list[int]]) -> tuning.Variant:
+    """Each rank chooses on a thread of its own (the tuner's collective choice)."""
+    if len(site.variants) == 1:
+        return site.variants[0]
+    kind = cuda_dispatch.device_kind(device)
+    errors = []
+
+    def rank_thread(rank: int) -> None:
+        region, ctx = team.region[rank]
+        try:
+            site.choose(team, rank, "gpu", kind, lambda index: cuda_dispatch.measure(
+                site, team, rank, device, region, ctx, args[rank], rets[rank], index))
+        except Exception as error:  # raised on the caller's thread below
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank_thread, args=(r,)) for r in range(len(team.pes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return site.variant(team, 0)
 
 
 def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],
               outputs: Sequence[tuple[tuple[int, ...], Any]],
-              workspaces: Sequence[tuple[tuple[int, ...], Any]], grid: Sequence[int],
-              kwargs: dict[str, Any], calls: int = 1, device: int = 0,
-              symmetric: Sequence[int] = ()) -> list:
+              workspaces: Sequence[tuple[tuple[int, ...], Any]] | Callable,
+              grid: Sequence[int] | Callable, kwargs: dict[str, Any], calls: int = 1,
+              device: int = 0, symmetric: Sequence[int] = ()) -> list:
     """Runs ``calls`` consecutive calls of ``kernel`` on ``world`` ranks of GPU ``device``.
 
     Args:
-      kernel: a ``@triton.jit`` distributed kernel.
+      kernel: a ``@triton.jit`` distributed kernel, or one wrapped by
+        ``jax_triton_dist.autotune.autotune`` (the ranks then choose a config together
+        before the first call, timing each on the first call's inputs).
       world: number of ranks.
       inputs: ``inputs(call, rank)`` returns that rank's input arrays for that call.
       outputs: ``(shape, dtype)`` of each per-rank result.
-      workspaces: ``(shape, dtype)`` of each per-rank symmetric workspace.
-      grid: programs per rank.
+      workspaces: ``(shape, dtype)`` of each per-rank symmetric workspace (or a function of
+        the keyword arguments, a config's included, returning them).
+      grid: programs per rank (or a function of the keyword arguments).
       kwargs: the kernel's keyword arguments (constexprs, scalars).
       calls: consecutive calls; workspaces persist and epochs advance as under JAX.
       device: the GPU.
@@ -109,23 +153,22 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     contexts = cuda_dispatch.regions(site, team)
     team.region = contexts
     site.teams[()] = team
-    signature, compiled = cuda_dispatch.compile_site(site.call_id, site)
-    block = 32 * compiled.metadata.num_warps
-    modules, functions, streams = [], [], []
-    for _, ctx in contexts:
-        module, function = drv.load_function(device, compiled.asm["cubin"],
-                                             compiled.metadata.name, compiled.metadata.shared)
-        cuda_dispatch.bind_context(device, module, compiled, ctx)
-        modules.append(module)
-        functions.append(function)
-        streams.append(drv.stream_create(device))
+    streams = [drv.stream_create(device) for _ in range(world)]
     in_bufs = [[drv.alloc(device, max(a.nbytes, 1)) for a in first] for _ in range(world)]
     out_bufs = [[drv.alloc(device, max(site.outputs[i].nbytes, 1))
                  for i in range(len(outputs))] for _ in range(world)]
+    loaded = []
     try:
+        for rank in range(world):
+            for buf, array in zip(in_bufs[rank], inputs(0, rank), strict=True):
+                drv.write(device, buf, np.ascontiguousarray(array).tobytes())
+        variant = _choose(site, team, device, [[0] + b for b in in_bufs], out_bufs)
+        loaded = [cuda_dispatch.Loaded(site, variant, device, region, ctx)
+                  for region, ctx in contexts]
+        tuned = team.epochs.get(0, 0)  # launches the tuner made (the same on every rank)
         results = []
         for call in range(calls):
-            epoch = call + 1
+            epoch = tuned + call + 1
             for rank in range(world):
                 for buf, array in zip(in_bufs[rank], inputs(call, rank), strict=True):
                     drv.write(device, buf, np.ascontiguousarray(array).tobytes())
@@ -134,8 +177,7 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
             # Launch in a rotating order so that a different rank starts first each call.
             for rank in [(call + i) % world for i in range(world)]:
                 values = []
-                for kind, index, value, alt, size in cuda_dispatch.kernel_params(
-                        site, signature, contexts[rank][0]):
+                for kind, index, value, alt, size in loaded[rank].params:
                     if kind == ParamKind.OPERAND:
                         values.append(in_bufs[rank][index - 1])
                     elif kind == ParamKind.STAGED:  # as the FFI handler stages it
@@ -146,8 +188,9 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
                         values.append(out_bufs[rank][index])
                     else:
                         values.append(value)
-                drv.launch(device, functions[rank], list(grid), block,
-                           compiled.metadata.shared, values, streams[rank])
+                drv.launch(device, loaded[rank].function, loaded[rank].grid,
+                           loaded[rank].block, loaded[rank].kernel.metadata.shared, values,
+                           streams[rank])
             for stream in streams:
                 drv.stream_synchronize(device, stream)
             failure = cuda_dispatch.take_failure(device, site.call_id, site.label)
@@ -163,8 +206,8 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
             drv.stream_synchronize(device, stream)
         for buf in itertools.chain(*in_bufs, *out_bufs):
             drv.free(device, buf)
-        for module in modules:
-            drv.module_unload(device, module)
+        for item in loaded:
+            drv.module_unload(device, item.module)
         if site.timeline:  # inside jtd.timeline.record: keep the events
             timeline_capture.harvest(site)
         heap.release(contexts[0][0] - heap.heap_base(0))

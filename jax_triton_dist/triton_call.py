@@ -20,6 +20,7 @@ from jax_triton_dist.runtime import (
     jax_compat,
     site_uses,
     timeline_capture,
+    tuning,
 )
 from jax_triton_dist.shmem import settings
 
@@ -97,6 +98,25 @@ def _check_signature(kernel: Any, n_positional: int, kwargs: dict[str, Any], lab
                         f"{missing[0]}=...)")
 
 
+def _workspaces(workspace: Any, variants: Sequence[tuning.Variant],
+                label: str) -> list[call_site.ArraySpec]:
+    """Per-rank workspace specs: the largest any variant needs (``workspace`` may be a
+    function of the keyword arguments, as ``grid`` may)."""
+    per_variant = []
+    for variant in variants:
+        entries = list(workspace(variant.kwargs) if callable(workspace) else workspace)
+        if any(not isinstance(w, Workspace) for w in entries):
+            raise TypeError("triton_call: workspace entries must be jax_triton_dist.Workspace")
+        per_variant.append([w.spec for w in entries])
+    first = per_variant[0]
+    for specs in per_variant[1:]:
+        if [s.dtype for s in specs] != [s.dtype for s in first]:
+            raise ValueError(f"triton_call: kernel {label}: every config must have the same "
+                             f"number and dtypes of workspaces, got {first} and {specs}")
+    return [max(column, key=lambda spec: spec.nbytes) for column in zip(*per_variant,
+                                                                         strict=True)]
+
+
 def _grid(grid: Any, kwargs: dict[str, Any]) -> tuple[int, ...]:
     if callable(grid):
         grid = grid(kwargs)
@@ -114,7 +134,7 @@ def triton_call(
     grid: int | Sequence[int] | Callable[[dict[str, Any]], Sequence[int]],
     axis_name: str | Sequence[str],
     axis_index_groups: Sequence[Sequence[int]] | None = None,
-    workspace: Sequence[Workspace] = (),
+    workspace: Sequence[Workspace] | Callable[[dict[str, Any]], Sequence[Workspace]] = (),
     symmetric: Sequence[int] = (),
     num_warps: int | None = None,
     num_stages: int | None = None,
@@ -134,7 +154,10 @@ def triton_call(
     then ``kwargs`` by name (constexprs and scalars).
 
     Args:
-      kernel: a ``@triton.jit`` function.
+      kernel: a ``@triton.jit`` function, or one wrapped by
+        :func:`jax_triton_dist.autotune.autotune` (each team then runs the config the
+        autotuner chooses at the call's first run; ``grid`` and ``workspace`` may be
+        functions of the keyword arguments, a config's included).
       *args: per-rank arrays and Python scalars.
       out_shape: a ``jax.ShapeDtypeStruct`` (or a sequence of them): per-rank results.
         Results are ordinary XLA buffers; the kernel must write every element.
@@ -144,7 +167,7 @@ def triton_call(
         groups of equal size (lists of indices along it, covering each once); each group
         is a team, and a device's rank is its position in its group.
       workspace: symmetric scratch buffers (:class:`Workspace`), zeroed once, kept across
-        calls.
+        calls; or a function of the keyword arguments returning them.
       symmetric: indices into ``args`` of arrays to stage into the symmetric heap, so that
         peers can read them with ``dl.symm_at``. Staging alternates between two slots by
         epoch, so a rank may run at most one call ahead of a peer that reads its data.
@@ -175,10 +198,14 @@ def triton_call(
 
         jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))(x)
     """
+    tuner = kernel if isinstance(kernel, tuning.Autotuned) else None
+    if tuner is not None:
+        kernel = tuner.kernel
     label = _kernel_label(kernel)
     ffi_targets.register()
     settings.check_environment()  # a bad setting fails here, not on a device thread
     debug_settings.check_environment()
+    tuning.check_environment()
     bounds.enabled()
     site_uses.drain()  # sites of executables that are gone release their regions
     team_axes = axis_names.team(axis_name, "triton_call", axis_index_groups)
@@ -186,9 +213,11 @@ def triton_call(
     outs = [out_shape] if single else list(out_shape)
     outputs = [call_site.ArraySpec(_shape(o.shape, f"{label} result"),
                                    _dtype(o.dtype, f"{label} result")) for o in outs]
-    workspaces = list(workspace)
-    if any(not isinstance(w, Workspace) for w in workspaces):
-        raise TypeError("triton_call: workspace entries must be jax_triton_dist.Workspace")
+    options = {k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
+               if v is not None}
+    variants = tuning.variants_of(tuner.candidates(kwargs) if tuner else None, kwargs,
+                                  options, lambda meta: _grid(grid, meta))
+    workspaces = _workspaces(workspace, variants, label)
 
     operands, inputs, params, operand_of = [], [], [], {}
     for position, arg in enumerate(args):
@@ -215,16 +244,13 @@ def triton_call(
         staged.add(operand_of[index])
     params += [("output", i) for i in range(len(outputs))]
     params += [("workspace", i) for i in range(len(workspaces))]
-    _check_signature(kernel, len(params), kwargs, label)
+    for variant in variants:
+        _check_signature(kernel, len(params), variant.kwargs, label)
 
     site = call_site.CallSite(
-        kernel=kernel, label=label, grid=_grid(grid, kwargs), team_axes=team_axes,
-        params=params, inputs=inputs,
-        symmetric=frozenset(staged), outputs=outputs, workspaces=[w.spec for w in workspaces],
-        kwargs=dict(kwargs),
-        options={k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
-                 if v is not None},
-        timeline=timeline_capture.capacity(),
+        kernel=kernel, label=label, variants=variants, team_axes=team_axes,
+        params=params, inputs=inputs, symmetric=frozenset(staged), outputs=outputs,
+        workspaces=workspaces, tuner=tuner, timeline=timeline_capture.capacity(),
     )
     call_id = call_site.register(site)
     coords = jnp.stack([jax.lax.axis_index(a) for a in team_axes.mesh_axes]).astype(jnp.int32)

@@ -55,6 +55,12 @@ struct Table {
   CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);
+  // Events (the autotuner's launch timing).
+  CUresult (*cuEventCreate)(CUevent*, unsigned);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
+  CUresult (*cuEventDestroy)(CUevent);
   // Virtual memory management (symmetric heaps).
   CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
   CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
@@ -126,6 +132,11 @@ inline const Table* Load() {
         Resolve(lib, t->cuStreamSynchronize, "cuStreamSynchronize") &&
         Resolve(lib, t->cuStreamWriteValue32, "cuStreamWriteValue32_v2", "cuStreamWriteValue32") &&
         Resolve(lib, t->cuLaunchKernel, "cuLaunchKernel") &&
+        Resolve(lib, t->cuEventCreate, "cuEventCreate") &&
+        Resolve(lib, t->cuEventRecord, "cuEventRecord") &&
+        Resolve(lib, t->cuEventSynchronize, "cuEventSynchronize") &&
+        Resolve(lib, t->cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime") &&
+        Resolve(lib, t->cuEventDestroy, "cuEventDestroy_v2", "cuEventDestroy") &&
         Resolve(lib, t->cuMemAddressReserve, "cuMemAddressReserve") &&
         Resolve(lib, t->cuMemAddressFree, "cuMemAddressFree") &&
         Resolve(lib, t->cuMemCreate, "cuMemCreate") &&

@@ -10,6 +10,9 @@
 // XLA's stream. The first call of a (call site, device) asks the Python planner
 // (jax_triton_dist/runtime/cuda_dispatch.py) for a launch plan.
 //
+// The autotuner times a call site's configs through `time_launches` (the same enqueue as
+// the handler's) at its first call.
+//
 // A wait that times out on the GPU writes an error record into host-mapped memory and
 // lets the launch finish (no trap: the CUDA context survives); the next call of that call
 // site on that device reads the record (no device synchronisation) and fails with it.
@@ -88,19 +91,80 @@ struct ErrorRecord {
 };
 constexpr uint32_t kRecordWritten = 2;
 
-struct Plan {
-  CUmodule module;
+// What one launch needs besides its buffers.
+struct LaunchSpec {
   CUfunction function;
   unsigned grid[3];
   unsigned block;
   unsigned shared;
   std::vector<Param> params;
-  CUdeviceptr epoch_addr;
+  CUdeviceptr epoch_addr;  // the rank context's epoch
+};
+
+struct Plan {
+  CUmodule module;
+  LaunchSpec launch;
   volatile ErrorRecord* record;  // host view of the device's error record
   std::string label;             // the kernel, for the error message
   int log_rank = -1;             // >= 0: JTD_LOG=launch; the launch logger gets each launch
   uint32_t epoch = 0;
   std::mutex mu;  // one device runs one call site's launches in order; guards `epoch`
+};
+
+// Enqueues one launch of `spec` in `epoch` on `stream`: the epoch into the rank context,
+// symmetric operands into their slot, then the kernel. `args` and `rets` are the call's
+// buffer addresses (args[0]: the coordinates). Returns "" or what failed.
+std::string Enqueue(const LaunchSpec& spec, uint32_t epoch, const std::vector<uint64_t>& args,
+                    const std::vector<uint64_t>& rets, CUstream stream) {
+  std::vector<uint64_t> storage(spec.params.size() + kTritonScratchParams, 0);
+  std::vector<void*> pointers(storage.size());
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const Param& p = spec.params[i];
+    if (p.kind == ParamKind::kOperand || p.kind == ParamKind::kStaged) {
+      if (p.index < 0 || static_cast<size_t>(p.index) >= args.size()) return "operand index";
+      storage[i] = args[p.index];
+      if (p.kind == ParamKind::kStaged) {
+        const uint64_t slot = StagingSlot(epoch, p.value, p.alt);
+        CUresult r = D().cuMemcpyDtoDAsync(slot, storage[i], p.size, stream);
+        if (r != CUDA_SUCCESS) return "staging a symmetric argument: " + ErrorText(r);
+        storage[i] = slot;
+      }
+    } else if (p.kind == ParamKind::kResult) {
+      if (p.index < 0 || static_cast<size_t>(p.index) >= rets.size()) return "result index";
+      storage[i] = rets[p.index];
+    } else {
+      storage[i] = p.value;
+    }
+  }
+  for (size_t i = 0; i < storage.size(); ++i) pointers[i] = &storage[i];
+  CUresult r = D().cuStreamWriteValue32(stream, spec.epoch_addr, epoch, 0);
+  if (r != CUDA_SUCCESS) return "cuStreamWriteValue32: " + ErrorText(r);
+  r = D().cuLaunchKernel(spec.function, spec.grid[0], spec.grid[1], spec.grid[2], spec.block, 1,
+                         1, spec.shared, stream, pointers.data(), nullptr);
+  if (r != CUDA_SUCCESS) return "cuLaunchKernel: " + ErrorText(r);
+  return "";
+}
+
+LaunchSpec MakeSpec(uintptr_t function, const std::vector<unsigned>& grid, unsigned block,
+                    unsigned shared,
+                    const std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>>& params,
+                    uint64_t epoch_addr) {
+  LaunchSpec spec;
+  spec.function = reinterpret_cast<CUfunction>(function);
+  for (int i = 0; i < 3; ++i) spec.grid[i] = i < static_cast<int>(grid.size()) ? grid[i] : 1;
+  spec.block = block;
+  spec.shared = shared;
+  for (const auto& [kind, index, value, alt, size] : params) {
+    spec.params.push_back({static_cast<ParamKind>(kind), index, value, alt, size});
+  }
+  spec.epoch_addr = epoch_addr;
+  return spec;
+}
+
+// Launches of a variant the autotuner times: events around each timed launch.
+struct TimedLaunches {
+  int device;
+  std::vector<std::pair<CUevent, CUevent>> events;
 };
 
 // The failure recorded in `r` (by a wait of call site `site`, or of any), formatted with the
@@ -144,12 +208,22 @@ ffi::Error Fail(const std::string& message) {
 
 ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs args,
                           ffi::RemainingRets rets, int64_t call_id) {
+  std::vector<uint64_t> arg_addrs(args.size()), ret_addrs(rets.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (!buffer.has_value()) return buffer.error();
+    arg_addrs[i] = reinterpret_cast<uint64_t>(buffer->untyped_data());
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto buffer = rets.get<ffi::AnyBuffer>(i);
+    if (!buffer.has_value()) return buffer.error();
+    ret_addrs[i] = reinterpret_cast<uint64_t>((*buffer)->untyped_data());
+  }
   Plan* plan = FindPlan(call_id, device);
   if (plan == nullptr) {
     // First call of this call site on this device: the coordinates (operand 0) are
-    // needed on the host once, so wait for them; then plan in Python.
-    auto coords = args.get<ffi::AnyBuffer>(0);
-    if (!coords.has_value()) return coords.error();
+    // needed on the host once, and an autotuned kernel times its configs on the call's
+    // buffers, so wait for them; then plan in Python.
     g_planning.fetch_add(1);
     struct Done {
       ~Done() { g_planning.fetch_sub(1); }
@@ -159,8 +233,7 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
       Check(D().cuStreamSynchronize(stream), "cuStreamSynchronize");
       nb::gil_scoped_acquire gil;
       if (g_planner == nullptr) return Fail("no CUDA planner is registered");
-      nb::object failure =
-          (*g_planner)(call_id, device, reinterpret_cast<uintptr_t>(coords->untyped_data()));
+      nb::object failure = (*g_planner)(call_id, device, arg_addrs, ret_addrs);
       if (!failure.is_none()) return Fail(nb::cast<std::string>(failure));
     } catch (const std::exception& e) {
       return Fail(e.what());
@@ -175,36 +248,10 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
     return Fail(failure);
   }
   const uint32_t epoch = plan->epoch + 1;
-  std::vector<uint64_t> storage(plan->params.size() + kTritonScratchParams, 0);
-  std::vector<void*> pointers(plan->params.size() + kTritonScratchParams);
-  for (size_t i = 0; i < plan->params.size(); ++i) {
-    const Param& p = plan->params[i];
-    if (p.kind == ParamKind::kOperand || p.kind == ParamKind::kStaged) {
-      auto buffer = args.get<ffi::AnyBuffer>(p.index);
-      if (!buffer.has_value()) return buffer.error();
-      storage[i] = reinterpret_cast<uint64_t>(buffer->untyped_data());
-      if (p.kind == ParamKind::kStaged) {
-        const uint64_t slot = StagingSlot(epoch, p.value, p.alt);
-        CUresult r = D().cuMemcpyDtoDAsync(slot, storage[i], p.size, stream);
-        if (r != CUDA_SUCCESS) return Fail("staging a symmetric argument: " + ErrorText(r));
-        storage[i] = slot;
-      }
-    } else if (p.kind == ParamKind::kResult) {
-      auto buffer = rets.get<ffi::AnyBuffer>(p.index);
-      if (!buffer.has_value()) return buffer.error();
-      storage[i] = reinterpret_cast<uint64_t>((*buffer)->untyped_data());
-    } else {
-      storage[i] = p.value;
-    }
-    pointers[i] = &storage[i];
+  if (std::string failure = Enqueue(plan->launch, epoch, arg_addrs, ret_addrs, stream);
+      !failure.empty()) {
+    return Fail(failure);
   }
-  for (size_t i = plan->params.size(); i < storage.size(); ++i) pointers[i] = &storage[i];
-
-  CUresult r = D().cuStreamWriteValue32(stream, plan->epoch_addr, epoch, 0);
-  if (r != CUDA_SUCCESS) return Fail("cuStreamWriteValue32: " + ErrorText(r));
-  r = D().cuLaunchKernel(plan->function, plan->grid[0], plan->grid[1], plan->grid[2], plan->block,
-                         1, 1, plan->shared, stream, pointers.data(), nullptr);
-  if (r != CUDA_SUCCESS) return Fail("cuLaunchKernel: " + ErrorText(r));
   plan->epoch = epoch;
   if (plan->log_rank >= 0 && g_launch_logger != nullptr && !g_closing.load()) {
     try {
@@ -265,25 +312,76 @@ NB_MODULE(_cuda, m) {
       [](int64_t call_id, int device, uintptr_t module, uintptr_t function,
          std::vector<unsigned> grid, unsigned block, unsigned shared,
          std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>> params,
-         uint64_t epoch_addr, uintptr_t record, std::string label, int log_rank) {
+         uint64_t epoch_addr, uintptr_t record, std::string label, int log_rank,
+         uint32_t epoch) {
         auto plan = std::make_unique<Plan>();
         plan->module = reinterpret_cast<CUmodule>(module);
-        plan->function = reinterpret_cast<CUfunction>(function);
+        plan->launch = MakeSpec(function, grid, block, shared, params, epoch_addr);
         plan->record = reinterpret_cast<volatile ErrorRecord*>(record);
         plan->label = std::move(label);
         plan->log_rank = log_rank;
-        for (int i = 0; i < 3; ++i) plan->grid[i] = i < static_cast<int>(grid.size()) ? grid[i] : 1;
-        plan->block = block;
-        plan->shared = shared;
-        for (const auto& [kind, index, value, alt, size] : params) {
-          plan->params.push_back({static_cast<ParamKind>(kind), index, value, alt, size});
-        }
-        plan->epoch_addr = epoch_addr;
+        plan->epoch = epoch;
         std::lock_guard<std::mutex> lock(g_plans_mu);
         g_plans[{call_id, device}] = std::move(plan);
       },
       "call_id"_a, "device"_a, "module"_a, "function"_a, "grid"_a, "block"_a, "shared"_a,
-      "params"_a, "epoch_addr"_a, "record"_a, "label"_a, "log_rank"_a = -1);
+      "params"_a, "epoch_addr"_a, "record"_a, "label"_a, "log_rank"_a = -1, "epoch"_a = 0,
+      "Registers the launch plan of (call site, device); `epoch`: launches made already "
+      "(the autotuner's), so the next call runs in epoch + 1.");
+  m.def(
+      "time_launches",
+      [](int device, uintptr_t function, std::vector<unsigned> grid, unsigned block,
+         unsigned shared, std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>> params,
+         uint64_t epoch_addr, uint32_t first_epoch, std::vector<uint64_t> args,
+         std::vector<uint64_t> rets, int warmup, int rep, uintptr_t stream) {
+        jtd::cuda_driver::DeviceScope scope(device);
+        const LaunchSpec spec = MakeSpec(function, grid, block, shared, params, epoch_addr);
+        auto timed = std::make_unique<TimedLaunches>();
+        timed->device = device;
+        auto s = reinterpret_cast<CUstream>(stream);
+        uint32_t epoch = first_epoch;
+        for (int i = 0; i < warmup + rep; ++i, ++epoch) {
+          CUevent start = nullptr, end = nullptr;
+          if (i >= warmup) {
+            Check(D().cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
+            Check(D().cuEventCreate(&end, CU_EVENT_DEFAULT), "cuEventCreate");
+            timed->events.emplace_back(start, end);
+            Check(D().cuEventRecord(start, s), "cuEventRecord");
+          }
+          std::string failure = Enqueue(spec, epoch, args, rets, s);
+          if (!failure.empty()) throw std::runtime_error(failure);
+          if (end != nullptr) Check(D().cuEventRecord(end, s), "cuEventRecord");
+        }
+        return reinterpret_cast<uintptr_t>(timed.release());
+      },
+      "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "params"_a, "epoch_addr"_a,
+      "first_epoch"_a, "args"_a, "rets"_a, "warmup"_a, "rep"_a, "stream"_a,
+      "Enqueues warmup + rep launches (epochs first_epoch, first_epoch + 1, ...) on `stream` "
+      "with events around the timed ones; returns a handle for timed_results.");
+  m.def(
+      "timed_results",
+      [](uintptr_t handle) {
+        std::unique_ptr<TimedLaunches> timed(reinterpret_cast<TimedLaunches*>(handle));
+        jtd::cuda_driver::DeviceScope scope(timed->device);
+        std::vector<float> ms;
+        std::string failure;
+        {
+          nb::gil_scoped_release release;
+          for (auto& [start, end] : timed->events) {
+            float elapsed = 0;
+            CUresult r = D().cuEventSynchronize(end);
+            if (r == CUDA_SUCCESS) r = D().cuEventElapsedTime(&elapsed, start, end);
+            if (r != CUDA_SUCCESS && failure.empty()) failure = ErrorText(r);
+            ms.push_back(elapsed);
+            D().cuEventDestroy(start);
+            D().cuEventDestroy(end);
+          }
+        }
+        if (!failure.empty()) throw std::runtime_error("timing launches: " + failure);
+        return ms;
+      },
+      "handle"_a,
+      "Waits for the launches of a time_launches handle; milliseconds of each timed launch.");
   m.def(
       "close",
       [](double timeout_s) {

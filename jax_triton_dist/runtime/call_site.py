@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.metadata
 import itertools
 import threading
 import time
@@ -26,7 +27,9 @@ import numpy as np
 
 from jax_triton_dist import shmem
 from jax_triton_dist.language import timeline
-from jax_triton_dist.shmem import heap, lifetime
+from jax_triton_dist.runtime import tuning
+from jax_triton_dist.runtime.tuning import Autotuned, Variant
+from jax_triton_dist.shmem import heap, lifetime, rendezvous
 from jax_triton_dist.shmem.settings import aligned
 
 __all__ = ["ArraySpec", "RegionLayout", "TeamAxes", "CallSite", "TeamState", "allocate_region",
@@ -114,6 +117,8 @@ class TeamState:
     name: str = ""  # teams across processes: the name of their rendezvous
     epochs: dict[int, int] = dataclasses.field(default_factory=dict)
     failures: dict[int, str] = dataclasses.field(default_factory=dict)  # epoch -> why
+    choice: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> variant
+    gathered: dict[str, list] = dataclasses.field(default_factory=dict)  # tag -> values
 
     @property
     def ready(self) -> bool:
@@ -127,30 +132,30 @@ class CallSite:
     Attributes:
       kernel: the ``@triton.jit`` kernel.
       label: kernel name for messages.
-      grid: program counts.
+      variants: the launches the site may make (keyword arguments, compile options,
+        grid): one, or one per config of an autotuned kernel; each team runs the one
+        :meth:`variant` names.
       team_axes: the mesh axes whose devices form the kernel's teams.
       params: positional kernel arguments: ``("array", index)`` for an operand,
         ``("scalar", value)``, ``("output", index)``, ``("workspace", index)``.
       inputs: per-rank operand specs; ``symmetric`` marks those staged into the heap.
       outputs: per-rank result specs.
-      workspaces: per-rank symmetric workspace specs.
-      kwargs: keyword (constexpr) arguments.
-      options: compiled backends' compile options (``num_warps``, ``num_stages``).
+      workspaces: per-rank symmetric workspace specs (the largest any variant needs).
+      tuner: the autotuned kernel the variants come from, or None.
       timeline: events each program records (the site is timed: ``jtd.timeline``); 0: not
         timed.
     """
 
     kernel: Any
     label: str
-    grid: tuple[int, ...]
+    variants: tuple[Variant, ...]
     team_axes: TeamAxes
     params: list[tuple[str, Any]]
     inputs: list[ArraySpec]
     symmetric: frozenset[int]
     outputs: list[ArraySpec]
     workspaces: list[ArraySpec]
-    kwargs: dict[str, Any]
-    options: dict[str, int] = dataclasses.field(default_factory=dict)
+    tuner: Autotuned | None = None
     timeline: int = 0
     call_id: int = 0  # set by register()
     teams: dict[tuple[int, ...], TeamState] = dataclasses.field(default_factory=dict)
@@ -168,8 +173,72 @@ class CallSite:
 
     @property
     def programs(self) -> int:
-        """Programs per launch."""
-        return int(np.prod(self.grid, dtype=np.int64))
+        """Programs per launch (the most of any variant)."""
+        return max(v.programs for v in self.variants)
+
+    def variant(self, team: TeamState, rank: int) -> Variant:
+        """The variant ``rank`` of ``team`` runs (the first until the team chose)."""
+        return self.variants[team.choice.get(rank, 0)]
+
+    def gather(self, team: TeamState, rank: int, tag: str, value: int,
+               timeout: float) -> list[int]:
+        """All-gather of one int among the team's ranks (a collective call: every rank
+        calls it with the same ``tag``, once): in this process through the site's
+        condition, across processes through the key-value store.
+
+        Raises:
+          ShmemTimeoutError: a rank did not arrive within ``timeout`` seconds.
+        """
+        if team.name:
+            return rendezvous.process_gather(f"{team.name}/{tag}", self.num_ranks, rank, value)
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            values = team.gathered.setdefault(tag, [None] * self.num_ranks)
+            values[rank] = int(value)
+            self.cond.notify_all()
+            while any(v is None for v in values):
+                remaining = deadline - time.monotonic()
+                if _abandoned.is_set():
+                    raise shmem.ShmemAbortedError(
+                        f"kernel {self.label}: rank {rank} stopped waiting for its team "
+                        f"({tag}): {_abandoned.reason}")
+                if remaining <= 0:
+                    missing = [r for r, v in enumerate(values) if v is None]
+                    raise shmem.ShmemTimeoutError(
+                        f"kernel {self.label}: rank {rank} waited {timeout:.1f} s for its "
+                        f"team ({tag}); ranks {missing} never arrived")
+                self.cond.wait(min(remaining, 0.05))
+            return list(values)
+
+    def choose(self, team: TeamState, rank: int, platform: str, device_kind: str,
+               measure: tuning.Measure) -> Variant:
+        """The variant ``rank`` runs from now on. An autotuned site's ranks choose together
+        (``tuning.select``: a collective call at the site's first run on each rank);
+        ``measure(index)`` times variant ``index`` on this rank."""
+        if rank not in team.choice:
+            index = 0
+            if len(self.variants) > 1:
+                index = tuning.select(
+                    self.tuner, self.variants, self.label, rank,
+                    self.tuning_key(device_kind), platform,
+                    lambda tag, value: self.gather(team, rank, tag, value,
+                                                   shmem.wait_timeout()),
+                    measure)
+            team.choice[rank] = index
+        return self.variants[team.choice[rank]]
+
+    def tuning_key(self, device_kind: str) -> dict[str, Any]:
+        """What an autotuned site's choice depends on (its disk-cache key)."""
+        keys = self.tuner.key if self.tuner is not None else ()
+        return {
+            "kernel": self.label, "source": self.kernel.cache_key,
+            "inputs": [(s.shape, s.dtype.name) for s in self.inputs],
+            "outputs": [(s.shape, s.dtype.name) for s in self.outputs],
+            "scalars": [v for kind, v in self.params if kind == "scalar"],
+            "key": {k: self.variants[0].kwargs.get(k) for k in keys},
+            "num_ranks": self.num_ranks, "device": device_kind, "versions": _versions(),
+            "configs": [v.config.as_dict() for v in self.variants if v.config is not None],
+        }
 
     # -- symmetric region: [barrier counters, abort word | workspaces | staging x2 |
     #    timeline] --
@@ -259,6 +328,17 @@ class CallSite:
                 team.region = allocate(self, team)
                 self.teams[key] = team
         return rank, team
+
+
+@functools.cache
+def _versions() -> dict[str, str]:
+    versions = {}
+    for package in ("jax", "jaxlib", "triton", "jax_triton_dist"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "unknown"
+    return versions
 
 
 def local_pes(team: TeamState) -> list[int]:

@@ -13,9 +13,12 @@ import atexit
 import ctypes
 import inspect
 import io
+import statistics
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Callable
 
 import numpy as np
 from triton.runtime.errors import InterpreterError
@@ -31,6 +34,7 @@ from jax_triton_dist.runtime import (
     launch_log,
     site_uses,
     timeline_capture,
+    tuning,
 )
 from jax_triton_dist.shmem import heap, host_atomics, settings
 
@@ -143,23 +147,63 @@ def _abort_team(site: call_site.CallSite, team: call_site.TeamState, rank: int, 
             host_atomics.signal_op(word, epoch, shmem.SignalOp.SET, 8)
 
 
-def _dump_cuda_compile(site: call_site.CallSite, device_ordinal: int) -> None:
+def _dump_cuda_compile(site: call_site.CallSite, variant: tuning.Variant,
+                       device_ordinal: int) -> None:
     """``JTD_DUMP_IR`` on CPU: the kernel compiled for CUDA (what a GPU would run)."""
     from jax_triton_dist.runtime import cuda_dispatch
 
-    signature, kernel = cuda_dispatch.compile_site(site.call_id, site)
-    ir_dump.dump(site, device_ordinal, kernel, signature, "cuda (compiled on the CPU backend)")
+    signature, kernel = cuda_dispatch.compile_site(site, variant)
+    ir_dump.dump(site, variant, device_ordinal, kernel, signature,
+                 "cuda (compiled on the CPU backend)")
 
 
 def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int]) -> None:
     site = call_site.lookup(call_id)
     _ensure_shmem(device_ordinal)
     coords = shmem.as_array(arg_ptrs[0], (len(site.mesh_axes),), np.int32)
-    timeout = shmem.wait_timeout()
     key = tuple(int(c) for c in coords)
     if not site.teams:
         site_uses.drain()  # regions of executables that are gone make room first
-    rank, team = site.join(key, device_ordinal, timeout, call_site.allocate_region)
+    rank, team = site.join(key, device_ordinal, shmem.wait_timeout(), call_site.allocate_region)
+
+    def launch(variant: tuning.Variant) -> None:
+        _launch(site, team, rank, device_ordinal, variant, arg_ptrs, ret_ptrs)
+
+    def measure(index: int) -> float:
+        # Every rank's epochs advance by the same count, whether the variant runs or fails.
+        base = team.epochs.get(device_ordinal, 0)
+        try:
+            return _measure(site.tuner, lambda: launch(site.variants[index]))
+        finally:
+            team.epochs[device_ordinal] = base + site.tuner.warmup + site.tuner.rep
+
+    first = device_ordinal not in team.epochs
+    variant = site.choose(team, rank, "cpu", "cpu", measure)
+    if first:
+        launch_log.plan(site, variant, device_ordinal, rank, team, "host")
+        if debug_settings.dump_ir_dir() is not None:
+            _dump_cuda_compile(site, variant, device_ordinal)
+    launch(variant)
+
+
+def _measure(tuner: tuning.Autotuned, launch: Callable[[], None]) -> float:
+    """Seconds per launch in the interpreter: the median of ``tuner.rep`` timed launches
+    after ``tuner.warmup`` untimed ones."""
+    for _ in range(tuner.warmup):
+        launch()
+    times = []
+    for _ in range(tuner.rep):
+        start = time.perf_counter()
+        launch()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _launch(site: call_site.CallSite, team: call_site.TeamState, rank: int,
+            device_ordinal: int, variant: tuning.Variant, arg_ptrs: list[int],
+            ret_ptrs: list[int]) -> None:
+    """One launch of ``variant`` by ``rank`` in the next epoch."""
+    timeout = shmem.wait_timeout()
     epoch = team.epochs.get(device_ordinal, 0) + 1
     team.epochs[device_ordinal] = epoch
     base = heap.heap_base(device_ordinal) + team.region
@@ -177,12 +221,8 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
         abort_word=base + site.region_layout.abort,
         timeline=[] if site.timeline else None,
     )
-    if epoch == 1:
-        launch_log.plan(site, device_ordinal, rank, team, "host")
-        if debug_settings.dump_ir_dir() is not None:
-            _dump_cuda_compile(site, device_ordinal)
     launch_log.launch(site.label, site.call_id, device_ordinal, rank, site.num_ranks,
-                      tuple(team.pes), epoch, site.grid)
+                      tuple(team.pes), epoch, variant.grid)
     try:
         args, buffers = _kernel_args(site, device_ordinal, epoch, team.region, arg_ptrs,
                                      ret_ptrs)
@@ -190,7 +230,7 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
             bounds.enabled()) else None
         with shmem.as_pe(device_ordinal), context.active(ctx), bounds.checking(limits):
             try:
-                interpreter.launch(site.kernel, site.grid, args, site.kwargs)
+                interpreter.launch(site.kernel, variant.grid, args, variant.kwargs)
             finally:
                 if ctx.timeline is not None:
                     timeline_capture.add_events(site, device_ordinal, device_ordinal, rank,

@@ -32,6 +32,7 @@ from jax_triton_dist.runtime import (
     launch_log,
     site_uses,
     timeline_capture,
+    tuning,
 )
 from jax_triton_dist.shmem import heap, lifetime, nvshmem_bootstrap, rendezvous
 from jax_triton_dist.shmem.settings import aligned
@@ -42,10 +43,11 @@ except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
 __all__ = ["plan", "log_launch", "bind_context", "ensure_shmem", "regions", "compile_site",
-           "kernel_params", "launcher", "error_record", "take_failure", "check_errors"]
+           "kernel_params", "Loaded", "measure", "device_kind", "launcher", "error_record", "take_failure",
+           "check_errors"]
 
 _compile_lock = threading.Lock()
-_compiled: dict[int, Any] = {}
+_compiled: dict[tuple[int, int], Any] = {}  # (call id, variant index) -> compiled
 _init_lock = threading.Lock()
 _records: dict[int, tuple[int, int]] = {}  # device -> (host, device) address of its record
 _exit_hook = threading.Event()  # set once the launcher's close is registered for exit
@@ -70,7 +72,8 @@ lifetime.on_finalize(_drop_plans)
 def _release(call_id: int, site: call_site.CallSite) -> None:
     """A released call site: its devices finish their work, its modules are unloaded."""
     with _compile_lock:
-        _compiled.pop(call_id, None)
+        for key in [k for k in _compiled if k[0] == call_id]:
+            del _compiled[key]
     if _cuda is None or not cuda_driver.available():
         return
     drv = cuda_driver.driver()
@@ -213,25 +216,26 @@ def _positional(site: call_site.CallSite) -> list[tuple[str, Any]]:
     return [kinds[kind](value) for kind, value in site.params]
 
 
-def compile_site(call_id: int, site: call_site.CallSite):
-    """Triton signature and compiled kernel of a call site (compiled once)."""
+def compile_site(site: call_site.CallSite, variant: tuning.Variant):
+    """Triton signature and compiled kernel of a call site's variant (compiled once)."""
+    key = (site.call_id, site.variants.index(variant))
     with _compile_lock:
-        if call_id not in _compiled:
+        if key not in _compiled:
             start = time.perf_counter()
             positional = _positional(site)
             signature, constexprs = cuda_compile.signature_of(site.kernel, positional,
-                                                              site.kwargs)
-            attrs = cuda_compile.divisibility(signature, positional, site.kwargs)
+                                                              variant.kwargs)
+            attrs = cuda_compile.divisibility(signature, positional, variant.kwargs)
             timeline = ((site.region_layout.timeline, site.timeline) if site.timeline
                         else None)
             kernel = cuda_compile.compile_kernel(
                 site.kernel, signature, constexprs, attrs=attrs,
-                num_warps=site.options.get("num_warps", 4),
-                num_stages=site.options.get("num_stages", 3), num_ranks=site.num_ranks,
+                num_warps=variant.options.get("num_warps", 4),
+                num_stages=variant.options.get("num_stages", 3), num_ranks=site.num_ranks,
                 nvshmem_device_lib=_nvshmem_device_lib(), timeline=timeline)
-            _compiled[call_id] = (signature, kernel)
+            _compiled[key] = (signature, kernel)
             launch_log.compiled(site, time.perf_counter() - start, "cuda sm_90")
-        return _compiled[call_id]
+        return _compiled[key]
 
 
 def _nvshmem_device_lib() -> str | None:
@@ -247,7 +251,7 @@ def _value(type_name: str, value: Any) -> tuple[int, int, int, int, int]:
     return (ParamKind.VALUE, 0, int.from_bytes(raw.ljust(8, b"\0"), "little"), 0, len(raw))
 
 
-def kernel_params(site: call_site.CallSite, signature: dict[str, str],
+def kernel_params(site: call_site.CallSite, variant: tuning.Variant, signature: dict[str, str],
                   region: int) -> list[tuple[int, int, int, int, int]]:
     """``(kind, index, value, alt, size)`` per kernel parameter (``ParamKind``): an
     operand, a result, a value, or an operand staged into the symmetric slot ``value``
@@ -259,7 +263,7 @@ def kernel_params(site: call_site.CallSite, signature: dict[str, str],
     for name, type_name in signature.items():
         if type_name == "constexpr":
             continue
-        kind, value = positional.get(name, ("keyword", site.kwargs.get(name)))
+        kind, value = positional.get(name, ("keyword", variant.kwargs.get(name)))
         # One rank: no peer reads a staged copy (symm_at can only name this rank, which
         # maps any pointer to itself), so the operand is used in place.
         if kind == "array" and value in staging and site.num_ranks > 1:
@@ -299,14 +303,67 @@ def _check_team_fits(site: call_site.CallSite) -> None:
             "one process per GPU")
 
 
-def _plan(call_id: int, device: int, coords_addr: int) -> None:
+class Loaded:
+    """A variant compiled and loaded on one device (a module of its own), its rank context
+    bound; what a launch of it needs."""
+
+    def __init__(self, site: call_site.CallSite, variant: tuning.Variant, device: int,
+                 region: int, ctx: int):
+        self.signature, self.kernel = compile_site(site, variant)
+        self.module, self.function = cuda_driver.driver().load_function(
+            device, self.kernel.asm["cubin"], self.kernel.metadata.name,
+            self.kernel.metadata.shared)
+        bind_context(device, self.module, self.kernel, ctx)
+        if cuda_compile.uses_nvshmem(self.kernel):
+            heap.init_nvshmem_module(self.module)
+        self.grid = list(variant.grid) + [1] * (3 - len(variant.grid))
+        self.block = 32 * self.kernel.metadata.num_warps
+        self.params = kernel_params(site, variant, self.signature, region)
+
+
+def measure(site: call_site.CallSite, team: call_site.TeamState, rank: int, device: int,
+            region: int, ctx: int, args: list[int], rets: list[int], index: int) -> float:
+    """Seconds per launch of variant ``index`` by ``rank`` on ``device`` (the median of the
+    tuner's timed launches, CUDA events on a stream of its own), on the call's buffers
+    (``args[0]``: the coordinates); the rank's epochs (``team.epochs[rank]``) advance."""
+    drv = cuda_driver.driver()
+    tuner = site.tuner
+    # Every rank's epochs advance by the same count, whether the variant runs or fails.
+    first = team.epochs.get(rank, 0) + 1
+    team.epochs[rank] = first + tuner.warmup + tuner.rep - 1
+    loaded = Loaded(site, site.variants[index], device, region, ctx)
+    stream = drv.stream_create(device)
+    try:
+        handle = _cuda.time_launches(
+            device, loaded.function, loaded.grid, loaded.block, loaded.kernel.metadata.shared,
+            loaded.params, ctx + device_abi.EPOCH_OFFSET, first, args, rets, tuner.warmup,
+            tuner.rep, stream)
+        ms = _cuda.timed_results(handle)
+    finally:
+        drv.stream_synchronize(device, stream)
+        drv.module_unload(device, loaded.module)
+    failure = take_failure(device, site.call_id, site.label)
+    if failure:
+        raise RuntimeError(failure)
+    return float(np.median(ms)) / 1e3
+
+
+def device_kind(device: int) -> str:
+    """JAX's ``device_kind`` of local GPU ``device`` (what the autotuner's cache keys on)."""
+    import jax
+
+    kinds = {d.id: d.device_kind for d in jax.local_devices(backend="gpu")}
+    return kinds.get(device, next(iter(kinds.values()), "gpu"))
+
+
+def _plan(call_id: int, device: int, args: list[int], rets: list[int]) -> None:
     site = call_site.lookup(call_id)
     _check_team_fits(site)
     pe = ensure_shmem(device)
     drv = cuda_driver.driver()
     if not site.teams:
         site_uses.drain()  # regions of executables that are gone make room first
-    raw = drv.read(device, coords_addr, 4 * len(site.mesh_axes))
+    raw = drv.read(device, args[0], 4 * len(site.mesh_axes))
     coords = tuple(int(c) for c in np.frombuffer(raw, np.int32))
     if heap.process_pe() >= 0:  # nvshmem: this process holds one rank of each team
         rank, team = site.join_processes(coords, pe, f"site{call_id}",
@@ -314,21 +371,18 @@ def _plan(call_id: int, device: int, coords_addr: int) -> None:
     else:
         rank, team = site.join(coords, device, shmem.wait_timeout(), regions)
     region, ctx = team.region[rank]
-    signature, kernel = compile_site(call_id, site)
-    ir_dump.dump(site, device, kernel, signature, "cuda")
-    launch_log.plan(site, device, rank, team, heap.running_backend())
+    variant = site.choose(team, rank, "gpu", device_kind(device) if site.tuner else "gpu",
+                          lambda index: measure(site, team, rank, device, region, ctx, args,
+                                                rets, index))
+    loaded = Loaded(site, variant, device, region, ctx)
+    ir_dump.dump(site, variant, device, loaded.kernel, loaded.signature, "cuda")
+    launch_log.plan(site, variant, device, rank, team, heap.running_backend())
     if site.timeline:
         timeline_capture.planned_on_gpu(site)
-    module, function = drv.load_function(device, kernel.asm["cubin"], kernel.metadata.name,
-                                         kernel.metadata.shared)
-    bind_context(device, module, kernel, ctx)
-    if cuda_compile.uses_nvshmem(kernel):
-        heap.init_nvshmem_module(module)
-    grid = list(site.grid) + [1] * (3 - len(site.grid))
-    _cuda.set_plan(call_id, device, module, function, grid, 32 * kernel.metadata.num_warps,
-                   kernel.metadata.shared, kernel_params(site, signature, region),
-                   ctx + device_abi.EPOCH_OFFSET, error_record(device)[0], site.label,
-                   rank if launch_log.enabled("launch") else -1)
+    _cuda.set_plan(call_id, device, loaded.module, loaded.function, loaded.grid, loaded.block,
+                   loaded.kernel.metadata.shared, loaded.params, ctx + device_abi.EPOCH_OFFSET,
+                   error_record(device)[0], site.label,
+                   rank if launch_log.enabled("launch") else -1, team.epochs.get(rank, 0))
 
 
 def log_launch(call_id: int, device: int, rank: int, epoch: int) -> None:
@@ -340,13 +394,16 @@ def log_launch(call_id: int, device: int, rank: int, epoch: int) -> None:
                      and t.pes[rank] is not None
                      and lifetime.device_of(t.pes[rank]) == device), None)
         launch_log.launch(site.label, call_id, device, rank, site.num_ranks,
-                          tuple(team.pes) if team else (), epoch, site.grid)
+                          tuple(team.pes) if team else (), epoch,
+                          site.variant(team, rank).grid if team else ())
 
 
-def plan(call_id: int, device: int, coords_addr: int) -> str | None:
-    """Plans (call site, device); returns None, or the message of the failure."""
+def plan(call_id: int, device: int, args: list[int], rets: list[int]) -> str | None:
+    """Plans (call site, device) at its first call, whose buffer addresses are ``args``
+    (``args[0]``: the coordinates) and ``rets``; returns None, or the message of the
+    failure."""
     try:
-        _plan(call_id, device, coords_addr)
+        _plan(call_id, device, args, rets)
     except Exception as error:  # reported to XLA, which raises it in the caller
         return f"GPU {device}: {type(error).__name__}: {error}"
     return None

@@ -20,10 +20,11 @@ DUMP_IR_ENV = "JTD_DUMP_IR"
 site and device."""
 LOG_ENV = "JTD_LOG"
 """Comma-separated log categories (:data:`LOG_CATEGORIES`), written through absl logging."""
-LOG_CATEGORIES = ("plan", "launch", "compile")
+LOG_CATEGORIES = ("plan", "launch", "compile", "autotune")
 """``plan``: a line per call site's first run on a device (its team, rank, grid);
 ``launch``: a line per launch (kernel, grid, rank, team, epoch; implies ``plan``);
-``compile``: a line per compiled kernel with its compile time."""
+``compile``: a line per compiled kernel with its compile time; ``autotune``: a line per
+config timed and per choice (``jax_triton_dist.autotune``)."""
 TIMELINE_ENV = "JTD_TIMELINE"
 """A path: call sites traced while it is set record an intra-kernel timeline, written there
 as a Chrome/Perfetto trace when the process exits (``jtd.timeline.record`` does the same for

@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any
 
-from jax_triton_dist.runtime import call_site, debug_settings
+from jax_triton_dist.runtime import call_site, debug_settings, tuning
 
 __all__ = ["folder", "dump"]
 
@@ -35,10 +35,10 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def dump(site: call_site.CallSite, device: int, kernel: Any, signature: dict[str, str],
-         target: str) -> str | None:
-    """Writes the compiled ``kernel``'s stages for (``site``, ``device``) when
-    ``$JTD_DUMP_IR`` is set; returns the folder, or None."""
+def dump(site: call_site.CallSite, variant: tuning.Variant, device: int, kernel: Any,
+         signature: dict[str, str], target: str) -> str | None:
+    """Writes the compiled ``kernel`` (``variant`` of ``site``)'s stages for (``site``,
+    ``device``) when ``$JTD_DUMP_IR`` is set; returns the folder, or None."""
     root = debug_settings.dump_ir_dir()
     if root is None:
         return None
@@ -50,9 +50,11 @@ def dump(site: call_site.CallSite, device: int, kernel: Any, signature: dict[str
             f.write(text)
     metadata = {
         "kernel": site.label, "site": site.call_id, "device": device, "target": target,
-        "num_ranks": site.num_ranks, "grid": list(site.grid), "signature": signature,
-        "constexprs": {k: v for k, v in site.kwargs.items() if signature.get(k) == "constexpr"},
-        "options": site.options, "timeline_events": site.timeline,
+        "num_ranks": site.num_ranks, "grid": list(variant.grid), "signature": signature,
+        "constexprs": {k: v for k, v in variant.kwargs.items()
+                       if signature.get(k) == "constexpr"},
+        "options": variant.options, "timeline_events": site.timeline,
+        "autotune_config": None if variant.config is None else variant.config.as_dict(),
         "triton_metadata": _jsonable(getattr(kernel.metadata, "_asdict", lambda: {})()),
     }
     with open(os.path.join(path, "metadata.json"), "w") as f:

@@ -12,7 +12,7 @@ from absl import logging
 
 from jax_triton_dist.runtime import debug_settings
 
-__all__ = ["enabled", "line", "plan", "launch", "compiled"]
+__all__ = ["enabled", "line", "emit", "plan", "launch", "compiled"]
 
 
 def enabled(category: str) -> bool:
@@ -31,17 +31,22 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _emit(event: str, **fields: Any) -> None:
-    # absl's default threshold is WARNING outside absl.app; these lines are asked for.
+def emit(text: str) -> None:
+    """Writes one line through absl logging, shown whatever absl's threshold (outside
+    ``absl.app`` it is WARNING): these lines were asked for."""
     logging.log(logging.WARNING if logging.get_verbosity() < logging.INFO else logging.INFO,
-                "%s", line(event, **fields))
+                "%s", text)
 
 
-def plan(site: Any, device: int, rank: int, team: Any, backend: str) -> None:
-    """A call site's first run on ``device``."""
+def _emit(event: str, **fields: Any) -> None:
+    emit(line(event, **fields))
+
+
+def plan(site: Any, variant: Any, device: int, rank: int, team: Any, backend: str) -> None:
+    """A call site's first run on ``device`` (which runs ``variant``)."""
     if enabled("plan"):
         _emit("plan", kernel=site.label, site=site.call_id, device=device, rank=rank,
-              num_ranks=site.num_ranks, team=tuple(team.pes), grid=site.grid,
+              num_ranks=site.num_ranks, team=tuple(team.pes), grid=variant.grid,
               backend=backend, timeline=int(bool(site.timeline)))
 
 

@@ -1,0 +1,255 @@
+"""The distributed autotuner (``jax_triton_dist.autotune``) on simulated CPU devices, with
+tuning forced in the interpreter (``JTD_AUTOTUNE=all``): every rank of a team picks the
+same config whatever its own timings say, choices are cached on disk and reused by another
+process, failing configs are skipped, and tuning can be switched off."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import jax_triton_dist as jtd
+from jax_triton_dist.runtime import tuning
+
+WORKERS = os.path.join(os.path.dirname(__file__), "workers")
+sys.path.insert(0, WORKERS)
+import tuned_shift  # noqa: E402
+from tuned_shift import BLOCKS, N  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def tuning_in_the_interpreter(monkeypatch, tmp_path):
+    monkeypatch.setenv("JTD_AUTOTUNE", "all")
+    monkeypatch.setenv("JTD_AUTOTUNE_CACHE", str(tmp_path / "autotune.json"))
+
+
+def run_shift(kernel, mesh_shape, axis="x", seed=0):
+    """Shifts random data around the ``axis`` ring of a mesh; checks against np.roll."""
+    names = ("y", "x")[-len(mesh_shape):]
+    mesh = Mesh(np.array(jax.devices()[:int(np.prod(mesh_shape))]).reshape(mesh_shape), names)
+    spec = P(*names)
+    x = jnp.asarray(np.random.default_rng(seed).standard_normal(mesh_shape + (N,)),
+                    jnp.float32)
+    f = jax.jit(jax.shard_map(lambda v: tuned_shift.shift(kernel, v.reshape(N), axis)
+                              .reshape(v.shape), mesh=mesh, in_specs=spec, out_specs=spec))
+    for _ in range(3):  # the tuning launches must not disturb later calls
+        out = f(x)
+    ring_axis = names.index(axis)
+    np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 1, ring_axis))
+
+
+def slowest_rank_choice(times_of):
+    """The reference choice: argmin over configs of the max over ranks."""
+    worst = [max(ranks) for ranks in times_of]
+    return int(np.argmin(worst))
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_that_disagree_pick_the_same_config(ranks):
+    # Each rank's own timings favour a different config (rank r: config r % 3).
+    def timer(config, rank, seconds):
+        index = BLOCKS.index(config.kwargs["BLOCK"])
+        return 1.0 if index == rank % 3 else 2.0 + rank * (index + 1)
+
+    kernel = tuned_shift.make(timer)
+    run_shift(kernel, (ranks,))
+    chosen = {r.rank: r.index for r in kernel.records}
+    assert sorted(chosen) == list(range(ranks))
+    assert len(set(chosen.values())) == 1, chosen
+    want = slowest_rank_choice([[timer(c, r, 0) for r in range(ranks)] for c in
+                                [jtd.autotune.Config({"BLOCK": b}) for b in BLOCKS]])
+    assert set(chosen.values()) == {want}
+    assert all(r.source == "tuned" for r in kernel.records)
+    for record in kernel.records:  # every rank saw the slowest rank's time of each config
+        assert record.times == kernel.records[0].times
+
+
+def test_each_team_of_a_two_axis_mesh_chooses_for_itself():
+    # Teams along x (rows y=0 and y=1) time different things; within a team all agree.
+    def timer(config, rank, seconds):
+        return float(config.kwargs["BLOCK"])  # BLOCK=64 wins everywhere
+
+    kernel = tuned_shift.make(timer)
+    run_shift(kernel, (2, 4), axis="x")
+    assert len(kernel.records) == 8 and {r.index for r in kernel.records} == {0}
+
+
+def test_the_choice_is_cached_on_disk():
+    kernel = tuned_shift.make(lambda config, rank, seconds: -float(config.kwargs["BLOCK"]) + 1e3)
+    run_shift(kernel, (4,))
+    assert {r.index for r in kernel.records} == {2}
+    entries = jtd.autotune.cache_entries()
+    assert len(entries) == 1
+    (entry,) = entries.values()
+    assert entry["config"]["kwargs"] == {"BLOCK": 256}
+    assert entry["call"]["num_ranks"] == 4 and entry["call"]["device"] == "cpu"
+    assert len(entry["times_us"]) == 3
+    # A fresh kernel object (a new process would have one) finds it and times nothing.
+    calls = []
+    again = tuned_shift.make(lambda config, rank, seconds: calls.append(rank) or 1.0)
+    run_shift(again, (4,), seed=1)
+    assert not calls and {(r.index, r.source) for r in again.records} == {(2, "cache")}
+
+
+def test_a_second_process_reuses_the_cache(tmp_path):
+    env = dict(os.environ, JTD_AUTOTUNE="all",
+               JTD_AUTOTUNE_CACHE=str(tmp_path / "shared.json"),
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    script = os.path.join(WORKERS, "tuned_shift.py")
+    outs = [subprocess.run([sys.executable, script], capture_output=True, text=True, env=env,
+                           timeout=300, cwd=tmp_path) for _ in range(2)]
+    for out in outs:
+        assert out.returncode == 0, out.stdout + out.stderr
+    first, second = (o.stdout.strip().splitlines()[-1] for o in outs)
+    assert first == "correct " + str([(r, 0, "tuned") for r in range(4)])
+    assert second == "correct " + str([(r, 0, "cache") for r in range(4)])
+    assert len(json.loads((tmp_path / "shared.json").read_text())["entries"]) == 1
+
+
+def test_a_config_that_fails_is_skipped(caplog):
+    configs = [jtd.autotune.Config({"BLOCK": 64, "FAIL": True}),
+               jtd.autotune.Config({"BLOCK": 128}), jtd.autotune.Config({"BLOCK": 256})]
+    kernel = tuned_shift.make(lambda config, rank, seconds: float(config.kwargs["BLOCK"]),
+                              configs=configs)
+    with caplog.at_level("WARNING"):
+        run_shift(kernel, (2,))
+    assert {r.index for r in kernel.records} == {1}
+    assert kernel.records[0].times[0] is None
+    failed = [m for m in caplog.messages if "failed" in m and "FAIL=True" in m]
+    assert failed and "this config is meant to fail" in failed[0]
+
+
+def test_no_config_that_runs_is_a_clear_error():
+    configs = [jtd.autotune.Config({"BLOCK": b, "FAIL": True}) for b in (64, 128)]
+    kernel = tuned_shift.make(configs=configs)
+    with pytest.raises(Exception, match="no config ran on every rank of the team"):
+        run_shift(kernel, (2,))
+
+
+@pytest.mark.parametrize("how", ["environment", "argument"])
+def test_tuning_switched_off_uses_the_first_config(monkeypatch, how):
+    calls = []
+
+    def timer(config, rank, seconds):
+        calls.append(rank)
+        return 1.0
+
+    if how == "environment":
+        monkeypatch.setenv("JTD_AUTOTUNE", "off")
+        kernel = tuned_shift.make(timer)
+    else:
+        kernel = tuned_shift.make(timer, enabled=False)
+    run_shift(kernel, (4,))
+    assert not calls
+    assert {(r.index, r.source) for r in kernel.records} == {(0, "default")}
+
+
+def test_without_tuning_a_cached_choice_is_still_used(monkeypatch):
+    run_shift(tuned_shift.make(lambda config, rank, seconds: 1e3 - config.kwargs["BLOCK"]),
+              (2,))
+    monkeypatch.setenv("JTD_AUTOTUNE", "off")
+    kernel = tuned_shift.make()
+    run_shift(kernel, (2,))
+    assert {(r.index, r.source) for r in kernel.records} == {(2, "cache")}
+
+
+def test_the_default_mode_does_not_tune_on_cpu(monkeypatch):
+    monkeypatch.delenv("JTD_AUTOTUNE")
+    kernel = tuned_shift.make(lambda config, rank, seconds: pytest.fail("timed on CPU"))
+    run_shift(kernel, (2,))
+    assert {(r.index, r.source) for r in kernel.records} == {(0, "default")}
+
+
+def test_progress_is_logged(monkeypatch, caplog):
+    monkeypatch.setenv("JTD_LOG", "autotune")
+    kernel = tuned_shift.make(lambda config, rank, seconds: float(config.kwargs["BLOCK"]))
+    with caplog.at_level("WARNING"):
+        run_shift(kernel, (2,))
+    lines = [m for m in caplog.messages if m.startswith("jtd autotune")]
+    assert any("config=2/3 time_us=128000000.0 best_us=64000000.0 (BLOCK=128)" in m
+               for m in lines), lines
+    assert any("source=tuned config=1/3 (BLOCK=64)" in m for m in lines), lines
+
+
+def test_prune_runs_at_trace_time_and_may_reorder():
+    seen = []
+
+    def prune(configs, kwargs):
+        seen.append(kwargs["n"])
+        return [c for c in reversed(configs) if c.kwargs["BLOCK"] <= 128]
+
+    kernel = tuned_shift.make(enabled=False, prune=prune)
+    run_shift(kernel, (2,))
+    assert seen == [N]
+    assert {r.config.kwargs["BLOCK"] for r in kernel.records} == {128}
+
+
+def test_bad_input_is_refused_clearly(monkeypatch):
+    with pytest.raises(ValueError, match="configs must be a non-empty sequence"):
+        jtd.autotune.autotune([])(tuned_shift.make().kernel)
+    with pytest.raises(TypeError, match="expected a @triton.jit kernel"):
+        jtd.autotune.autotune([jtd.autotune.Config({})])(lambda: None)
+    with pytest.raises(ValueError, match="num_warps must be a positive int"):
+        jtd.autotune.Config({"BLOCK": 64}, num_warps=0)
+    with pytest.raises(TypeError, match="kwargs must be a mapping"):
+        jtd.autotune.Config([("BLOCK", 64)])
+    with pytest.raises(ValueError, match="need warmup >= 0 and rep >= 1"):
+        tuned_shift.make(rep=0)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    x = jnp.zeros((2 * N,), jnp.float32)
+
+    def call(kernel, **kw):
+        return jax.jit(jax.shard_map(lambda v: tuned_shift.shift(kernel, v, "x", **kw),
+                                     mesh=mesh, in_specs=P("x"), out_specs=P("x")))(x)
+
+    bad_key = jtd.autotune.autotune([jtd.autotune.Config({"BLOCK": 64})], key=["m"])(
+        tuned_shift.make().kernel)
+    with pytest.raises(ValueError, match=r"key names \['m'\] are not keyword arguments"):
+        call(bad_key)
+    empty = tuned_shift.make(prune=lambda configs, kwargs: [])
+    with pytest.raises(ValueError, match="prune left no config"):
+        call(empty)
+    unknown = tuned_shift.make(configs=[jtd.autotune.Config({"BLOCK": 64, "BLOKC": 1})])
+    with pytest.raises(TypeError, match=r"no parameters \['BLOKC'\]"):
+        call(unknown)
+    monkeypatch.setenv("JTD_AUTOTUNE", "sometimes")
+    with pytest.raises(ValueError, match="JTD_AUTOTUNE='sometimes': expected one of off, gpu"):
+        call(tuned_shift.make())
+    monkeypatch.setenv("JTD_AUTOTUNE", "all")
+    monkeypatch.setenv("JTD_AUTOTUNE_CACHE", os.getcwd())
+    with pytest.raises(ValueError, match="is a directory; expected the path of a JSON file"):
+        call(tuned_shift.make())
+
+
+def test_select_reduces_by_the_slowest_rank(monkeypatch):
+    """The choice itself, with a scripted team: ranks' votes and times as gathered."""
+    variants = tuning.variants_of([tuning.Config({"B": b}) for b in (1, 2, 3)], {}, {},
+                                  lambda meta: (1,))
+    times = {0: [3.0, 1.0, 2.0], 1: [1.0, 4.0, 2.5]}  # max: 3, 4, 2.5 -> config 2
+    tuner = tuning.Autotuned(tuned_shift.make().kernel, tuple(v.config for v in variants))
+    gathered = {}
+
+    def gather_for(rank):
+        def gather(tag, value):
+            gathered.setdefault(tag, {})[rank] = value
+            if tag == "tune/plan":
+                return [2 * 0 + 1, 2 * 0 + 1]  # nobody cached, everyone may tune
+            if tag.endswith("/start"):
+                return [0, 0]
+            index = int(tag.split("/")[1])
+            return [round(times[r][index] * 1e9) for r in (0, 1)]
+        return gather
+
+    monkeypatch.setenv("JTD_AUTOTUNE_CACHE", "")  # the ranks run one after another here
+    for rank in (0, 1):
+        chosen = tuning.select(tuner, variants, "k", rank, {"case": "scripted"}, "cpu",
+                               gather_for(rank), lambda index, r=rank: times[r][index])
+        assert chosen == 2
+    assert gathered["tune/1"] == {0: round(1e9), 1: round(4e9)}
