@@ -139,16 +139,16 @@ std::string Enqueue(const LaunchSpec& spec, uint32_t epoch, const std::vector<ui
   for (size_t i = 0; i < storage.size(); ++i) pointers[i] = &storage[i];
   CUresult r = D().cuStreamWriteValue32(stream, spec.epoch_addr, epoch, 0);
   if (r != CUDA_SUCCESS) return "cuStreamWriteValue32: " + ErrorText(r);
-  r = D().cuLaunchKernel(spec.function, spec.grid[0], spec.grid[1], spec.grid[2], spec.block, 1,
-                         1, spec.shared, stream, pointers.data(), nullptr);
+  r = D().cuLaunchKernel(spec.function, spec.grid[0], spec.grid[1], spec.grid[2], spec.block, 1, 1,
+                         spec.shared, stream, pointers.data(), nullptr);
   if (r != CUDA_SUCCESS) return "cuLaunchKernel: " + ErrorText(r);
   return "";
 }
 
-LaunchSpec MakeSpec(uintptr_t function, const std::vector<unsigned>& grid, unsigned block,
-                    unsigned shared,
-                    const std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>>& params,
-                    uint64_t epoch_addr) {
+LaunchSpec MakeSpec(
+    uintptr_t function, const std::vector<unsigned>& grid, unsigned block, unsigned shared,
+    const std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>>& params,
+    uint64_t epoch_addr) {
   LaunchSpec spec;
   spec.function = reinterpret_cast<CUfunction>(function);
   for (int i = 0; i < 3; ++i) spec.grid[i] = i < static_cast<int>(grid.size()) ? grid[i] : 1;
@@ -312,8 +312,7 @@ NB_MODULE(_cuda, m) {
       [](int64_t call_id, int device, uintptr_t module, uintptr_t function,
          std::vector<unsigned> grid, unsigned block, unsigned shared,
          std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>> params,
-         uint64_t epoch_addr, uintptr_t record, std::string label, int log_rank,
-         uint32_t epoch) {
+         uint64_t epoch_addr, uintptr_t record, std::string label, int log_rank, uint32_t epoch) {
         auto plan = std::make_unique<Plan>();
         plan->module = reinterpret_cast<CUmodule>(module);
         plan->launch = MakeSpec(function, grid, block, shared, params, epoch_addr);
