@@ -59,7 +59,8 @@ __all__ = ["autotune", "Config", "Autotuned", "TuningRecord", "AUTOTUNE_ENV", "C
            "MODES", "cache_path", "cache_entries"]
 
 
-def autotune(configs: Sequence[Config], key: Sequence[str] | str = (), *,
+def autotune(configs: Sequence[Config] | Callable[[dict[str, Any]], Sequence[Config]],
+             key: Sequence[str] | str = (), *,
              prune: Callable[[list[Config], dict[str, Any]], Sequence[Config]] | None = None,
              warmup: int = 2, rep: int = 5, enabled: bool | None = None,
              timer: Timer | None = None) -> Callable[[Any], Autotuned]:
@@ -67,7 +68,8 @@ def autotune(configs: Sequence[Config], key: Sequence[str] | str = (), *,
 
     Args:
       configs: the configs, tried in this order; the first is the default when tuning is
-        off.
+        off. Or a function of the call's keyword arguments returning them (a space that
+        depends on the problem's shape), called at trace time.
       key: names of keyword arguments of the call that select a cache entry (besides the
         operand shapes and dtypes, rank count and device kind, always part of it).
       prune: ``prune(configs, kwargs) -> configs``: drops configs that cannot suit a call

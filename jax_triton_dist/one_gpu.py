@@ -163,7 +163,7 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
             for buf, array in zip(in_bufs[rank], inputs(0, rank), strict=True):
                 drv.write(device, buf, np.ascontiguousarray(array).tobytes())
         variant = _choose(site, team, device, [[0] + b for b in in_bufs], out_bufs)
-        loaded = [cuda_dispatch.Loaded(site, variant, device, region, ctx)
+        loaded = [cuda_dispatch.Loaded(site, variant, device, region, ctx, world)
                   for region, ctx in contexts]
         tuned = team.epochs.get(0, 0)  # launches the tuner made (the same on every rank)
         results = []

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import triton
 
-__all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "gemm_tiles", "moe_dispatch_blocks",
-           "moe_combine_blocks"]
+__all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "gemm_tiles", "gemm_configs",
+           "fill_programs", "moe_dispatch_blocks", "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
 MAX_EXCHANGE_BLOCK = 4096
@@ -57,6 +57,45 @@ def gemm_tiles(m: int, n: int, k: int, copies: int = 1, target: str = "cuda") ->
     bm, bn, bk, warps = _GEMM_TILES[target]["large" if large else "decode"]
     return {"BLOCK_M": _block(m, bm), "BLOCK_N": _block(n, bn), "BLOCK_K": _block(k, bk),
             "GROUP_M": 8, "num_warps": warps}
+
+
+# The autotuner's GEMM space on CUDA (after the table's choice): (BLOCK_M, BLOCK_N, BLOCK_K,
+# num_warps, num_stages, PERSISTENT). Persistent configs run fill_programs() programs.
+_CUDA_SPACE = {
+    "large": [(128, 256, 64, 8, 3, False), (256, 128, 64, 8, 3, False),
+              (128, 128, 64, 4, 4, False), (128, 64, 64, 4, 4, False),
+              (64, 128, 64, 4, 4, False), (128, 128, 64, 8, 3, True),
+              (128, 256, 64, 8, 3, True)],
+    "decode": [(64, 64, 64, 4, 4, False), (32, 64, 128, 4, 4, False),
+               (64, 128, 64, 4, 4, False), (128, 64, 64, 4, 3, False),
+               (64, 64, 128, 4, 3, True)],
+}
+
+
+def fill_programs(target: str = "cuda") -> int:
+    """Programs that fill the device: a persistent kernel's grid."""
+    _check_target(target)
+    return _FILL_PROGRAMS[target]
+
+
+def gemm_configs(m: int, n: int, k: int, copies: int = 1,
+                 target: str = "cuda") -> list[dict[str, int | bool]]:
+    """The autotuner's configs for ``copies`` ``[m, k] @ [k, n]`` products in one grid:
+    :func:`gemm_tiles`' choice first (with ``num_stages`` 3), then the target's space for
+    the problem's size, clamped to the problem, without repeats. Each is a dict of the
+    constexprs (``PERSISTENT`` among them) and ``num_warps`` / ``num_stages``."""
+    first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False}
+    configs = [first]
+    if target != "cuda":
+        return configs
+    large = copies * triton.cdiv(m, 128) * triton.cdiv(n, 128) >= _FILL_PROGRAMS[target]
+    for bm, bn, bk, warps, stages, persistent in _CUDA_SPACE["large" if large else "decode"]:
+        config = {"BLOCK_M": _block(m, bm), "BLOCK_N": _block(n, bn), "BLOCK_K": _block(k, bk),
+                  "GROUP_M": 8, "num_warps": warps, "num_stages": stages,
+                  "PERSISTENT": persistent}
+        if config not in configs:
+            configs.append(config)
+    return configs
 
 
 def moe_dispatch_blocks(rows: int, h: int) -> dict[str, int]:

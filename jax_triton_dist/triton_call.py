@@ -138,6 +138,7 @@ def triton_call(
     symmetric: Sequence[int] = (),
     num_warps: int | None = None,
     num_stages: int | None = None,
+    co_resident: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Runs a distributed Triton kernel on every device of a ``shard_map`` axis.
@@ -175,6 +176,11 @@ def triton_call(
         the array itself: there is no peer to stage for).
       num_warps: warps per program on GPUs (default 4); ignored by the CPU backend.
       num_stages: software-pipelining depth on GPUs (default 3); ignored on CPU.
+      co_resident: the kernel's programs wait on each other (a persistent kernel): on GPUs
+        the grid must fit on the device at once (checked at the first run: programs times
+        the team's ranks on the GPU at most its multiprocessor count); in the CPU
+        interpreter every program runs on a thread of its own. An autotune config may
+        say the same (``Config(co_resident=True)``).
       **kwargs: constexprs and scalar keyword arguments of the kernel.
 
     Returns:
@@ -216,7 +222,7 @@ def triton_call(
     options = {k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
                if v is not None}
     variants = tuning.variants_of(tuner.candidates(kwargs) if tuner else None, kwargs,
-                                  options, lambda meta: _grid(grid, meta))
+                                  options, lambda meta: _grid(grid, meta), bool(co_resident))
     workspaces = _workspaces(workspace, variants, label)
 
     operands, inputs, params, operand_of = [], [], [], {}

@@ -24,22 +24,44 @@ def matmul_all_reduce_kernel(
     stride_am, stride_ak, stride_bk, stride_bn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False,
 ):
-    """Program ``tile`` computes its partial output tile, pushes it (float32) to every other
-    rank as soon as it is done, then sums all ranks' partials of that tile in rank order.
+    """Each output tile: this rank's partial is computed, pushed (float32) to every other
+    rank as soon as it is done, then all ranks' partials of that tile are summed in rank
+    order. The exchange of tile t overlaps the GEMM of the other tiles; no separate
+    all-reduce pass runs over the output.
 
-    The exchange of tile t overlaps the GEMM of the other tiles; no separate all-reduce
-    pass runs over the output.
+    One program per tile, or (``PERSISTENT``) fewer programs, all resident at once, each
+    looping over tiles ``program, program + programs, ...``.
     """
-    tile = tl.program_id(0)
-    num_tiles = tl.num_programs(0)
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
     slots = epoch_half(slots_ptr, epoch, world * M * N)
-    flags = epoch_half(flags_ptr, epoch, world * num_tiles)
-    pid_m, pid_n = grouped_tile(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    flags = epoch_half(flags_ptr, epoch, world * tiles_m * tiles_n)
+    if PERSISTENT:
+        for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+            _matmul_all_reduce_tile(tile, a_ptr, b_ptr, c_ptr, slots, flags, me, world, epoch,
+                                    M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    else:
+        _matmul_all_reduce_tile(tl.program_id(0), a_ptr, b_ptr, c_ptr, slots, flags, me, world,
+                                epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+
+
+@triton.jit
+def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, c_ptr, slots, flags, me, world, epoch, M, N,
+                            K, stride_am, stride_ak, stride_bk, stride_bn,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile number ``tile`` (grouped order)."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_m * tiles_n
+    pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
 
     # ---- this rank's partial tile ----
     acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,

@@ -32,21 +32,41 @@ def all_gather_matmul_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
-    ACTIVATION: tl.constexpr = "none",
+    ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
     ring, read straight from the peer's symmetric buffer once its flag has landed.
+
+    ``PERSISTENT``: a grid of fewer programs than tiles (all resident at once), each
+    looping over tiles ``program, program + programs, ...`` of that order.
     """
-    tile = tl.program_id(0)
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
     flags = epoch_half(flags_ptr, epoch, world)
-    if tile == 0:
+    if tl.program_id(0) == 0:
         for i in range(1, world):
             dl.notify(flags + me, (me + i) % world, epoch, "set", "sys")
+    if PERSISTENT:
+        num_tiles = world * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+            _all_gather_matmul_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, flags, me, world,
+                                    epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
+                                    BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION)
+    else:
+        _all_gather_matmul_tile(tl.program_id(0), x_ptr, w_ptr, bias_ptr, c_ptr, flags, me,
+                                world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
+                                BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION)
 
+
+@triton.jit
+def _all_gather_matmul_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, flags, me, world, epoch,
+                            m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """Output tile number ``tile`` of the rank-rotated order."""
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
                                             GROUP_M, 1)
@@ -83,22 +103,47 @@ def matmul_reduce_scatter_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
-    ACTIVATION: tl.constexpr = "none",
+    ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
     slot as soon as it is computed; the own segment's tiles then sum every rank's partial
     (float32, rank order). Only the last programs wait, and only for other ranks' earlier
     tiles.
+
+    ``PERSISTENT``: a grid of fewer programs than tiles (all resident at once), each
+    looping over tiles ``program, program + programs, ...`` of that order (each program's
+    pushes all come before its waits).
     """
-    tile = tl.program_id(0)
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
+    tiles_per_segment = tl.cdiv(seg, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    slots = epoch_half(slots_ptr, epoch, world * seg * N)
+    flags = epoch_half(flags_ptr, epoch, world * tiles_per_segment)
+    if PERSISTENT:
+        for tile in range(tl.program_id(0), world * tiles_per_segment, tl.num_programs(0)):
+            _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, slots, flags, me,
+                                        world, epoch, seg, N, K, R, stride_wk, stride_wn,
+                                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
+                                        ACTIVATION)
+    else:
+        _matmul_reduce_scatter_tile(tl.program_id(0), x_ptr, w_ptr, bias_ptr, c_ptr, slots,
+                                    flags, me, world, epoch, seg, N, K, R, stride_wk,
+                                    stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
+                                    HAS_BIAS, ACTIVATION)
+
+
+@triton.jit
+def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, slots, flags, me, world,
+                                epoch, seg, N, K, R, stride_wk, stride_wn,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                                BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                ACTIVATION: tl.constexpr):
+    """Output tile number ``tile`` of the own-segment-last order."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    slots = epoch_half(slots_ptr, epoch, world * seg * N)
-    flags = epoch_half(flags_ptr, epoch, world * tiles_m * tiles_n)
     pid_m, pid_n, segment = own_last_tile(tile, tiles_m, tiles_n, me, world, GROUP_M)
     local_m = pid_m - segment * tiles_m
     local_tile = local_m * tiles_n + pid_n

@@ -55,6 +55,7 @@ struct Table {
   CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
   // Events (the autotuner's launch timing).
   CUresult (*cuEventCreate)(CUevent*, unsigned);
   CUresult (*cuEventRecord)(CUevent, CUstream);
@@ -132,6 +133,8 @@ inline const Table* Load() {
         Resolve(lib, t->cuStreamSynchronize, "cuStreamSynchronize") &&
         Resolve(lib, t->cuStreamWriteValue32, "cuStreamWriteValue32_v2", "cuStreamWriteValue32") &&
         Resolve(lib, t->cuLaunchKernel, "cuLaunchKernel") &&
+        Resolve(lib, t->cuOccupancyMaxActiveBlocksPerMultiprocessor,
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor") &&
         Resolve(lib, t->cuEventCreate, "cuEventCreate") &&
         Resolve(lib, t->cuEventRecord, "cuEventRecord") &&
         Resolve(lib, t->cuEventSynchronize, "cuEventSynchronize") &&

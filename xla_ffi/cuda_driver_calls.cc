@@ -59,6 +59,23 @@ NB_MODULE(_cuda_driver, m) {
       },
       "device"_a, "cubin"_a, "name"_a, "shared"_a);
   m.def(
+      "resident_programs",
+      [](int device, uintptr_t function, int block, int shared) {
+        // Programs of `function` the device holds at once: multiprocessors times the
+        // blocks one multiprocessor takes (its occupancy at `block` threads, `shared` bytes).
+        DeviceScope scope(device);
+        CUdevice dev;
+        Check(D().cuDeviceGet(&dev, device), "cuDeviceGet");
+        int sms = 0, per_sm = 0;
+        Check(D().cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+              "cuDeviceGetAttribute");
+        Check(D().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                  &per_sm, reinterpret_cast<CUfunction>(function), block, shared),
+              "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+        return sms * per_sm;
+      },
+      "device"_a, "function"_a, "block"_a, "shared"_a);
+  m.def(
       "module_global",
       [](int device, uintptr_t module, const std::string& name) {
         DeviceScope scope(device);

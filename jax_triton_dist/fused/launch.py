@@ -7,22 +7,27 @@ team), ``w_nk`` (``w`` is stored ``[N, K]``: the kernels read it through its str
 transpose is made), ``axis`` (the dimension of ``x`` gathered or scattered; ``x`` is
 ``[..., K]`` with any leading dimensions: the dimensions before ``axis`` are batch entries,
 and the kernels read and write each entry's block of rows in place).
+
+Tiles: each call's kernel is autotuned over ``tiles.gemm_configs`` (non-persistent and
+persistent configs); the fixed table's choice comes first, so the CPU backend and runs
+with tuning off use it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import triton
 
+from jax_triton_dist import autotune, tiles
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
 from jax_triton_dist.kernels.gemm_collectives import (
     all_gather_matmul_kernel,
     matmul_reduce_scatter_kernel,
 )
-from jax_triton_dist.tiles import gemm_tiles
 from jax_triton_dist.triton_call import Workspace, triton_call
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
@@ -46,6 +51,26 @@ def _epilogue(x: jax.Array, bias: jax.Array | None, activation: str) -> dict:
     return {"bias": operand, "HAS_BIAS": bias is not None, "ACTIVATION": activation}
 
 
+def _tuned(kernel, m: int, n: int, k: int, copies: int) -> autotune.Autotuned:
+    """``kernel`` with the GEMM configs of ``copies`` ``[m, k] @ [k, n]`` products: the
+    fixed table's first (what runs on CPU and with tuning off), tuned on GPUs."""
+    configs = []
+    for config in tiles.gemm_configs(m, n, k, copies):
+        config = dict(config)
+        warps, stages = config.pop("num_warps"), config.pop("num_stages")
+        configs.append(autotune.Config(config, num_warps=warps, num_stages=stages,
+                                       co_resident=bool(config["PERSISTENT"])))
+    return autotune.autotune(configs)(kernel)
+
+
+def _grid(tiles_of: Callable[[dict], int]) -> Callable[[dict], tuple[int]]:
+    """One program per tile, or (persistent configs) at most a device's worth."""
+    def grid(meta: dict) -> tuple[int]:
+        count = tiles_of(meta)
+        return (min(count, tiles.fill_programs()) if meta["PERSISTENT"] else count,)
+    return grid
+
+
 def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, axes,
                       groups, size: int, w_nk: bool = False, axis: int = 0,
                       activation: str = "none") -> jax.Array:
@@ -55,16 +80,15 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None,
     batch, rows = _rows(x.shape, axis)
     m = batch * rows
     out_shape = x.shape[:axis] + (size * x.shape[axis],) + x.shape[axis + 1:-1] + (n,)
-    tiles = gemm_tiles(m, n, k, copies=size)
-    grid = size * triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     epilogue = _epilogue(x, bias, activation)
     return triton_call(
-        all_gather_matmul_kernel, x.reshape(m, k), w, epilogue.pop("bias"),
-        out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
+        _tuned(all_gather_matmul_kernel, m, n, k, size), x.reshape(m, k), w,
+        epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
         workspace=[Workspace((2, size), jnp.int32)], symmetric=[0],
-        grid=(grid,), axis_name=axes, axis_index_groups=groups, num_stages=3, m=m, N=n, K=k,
-        R=rows, stride_wk=stride_wk, stride_wn=stride_wn, BATCHED=batch > 1, **epilogue,
-        **tiles,
+        grid=_grid(lambda meta: size * triton.cdiv(m, meta["BLOCK_M"])
+                   * triton.cdiv(n, meta["BLOCK_N"])),
+        axis_name=axes, axis_index_groups=groups, m=m, N=n, K=k, R=rows,
+        stride_wk=stride_wk, stride_wn=stride_wn, BATCHED=batch > 1, **epilogue,
     ).reshape(out_shape)
 
 
@@ -78,17 +102,19 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
     per_rank = rows // size  # rows of one batch entry in each rank's segment
     seg = batch * per_rank
     out_shape = x.shape[:axis] + (x.shape[axis] // size,) + x.shape[axis + 1:-1] + (n,)
-    tiles = gemm_tiles(seg, n, k, copies=size)
-    per_segment = triton.cdiv(seg, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     epilogue = _epilogue(x, bias, activation)
+
+    def per_segment(meta: dict) -> int:
+        return triton.cdiv(seg, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+
     return triton_call(
-        matmul_reduce_scatter_kernel, x.reshape(batch * rows, k), w, epilogue.pop("bias"),
-        out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
-        workspace=[Workspace((2, size, seg, n), jnp.float32),
-                   Workspace((2, size, per_segment), jnp.int32)],
-        grid=(size * per_segment,), axis_name=axes, axis_index_groups=groups, num_stages=3,
-        seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk, stride_wn=stride_wn,
-        BATCHED=batch > 1, **epilogue, **tiles,
+        _tuned(matmul_reduce_scatter_kernel, seg, n, k, size), x.reshape(batch * rows, k), w,
+        epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
+        workspace=lambda meta: [Workspace((2, size, seg, n), jnp.float32),
+                                Workspace((2, size, per_segment(meta)), jnp.int32)],
+        grid=_grid(lambda meta: size * per_segment(meta)), axis_name=axes,
+        axis_index_groups=groups, seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk,
+        stride_wn=stride_wn, BATCHED=batch > 1, **epilogue,
     ).reshape(out_shape)
 
 
@@ -99,14 +125,15 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
     lead, k = x.shape[:-1], x.shape[-1]
     m = math.prod(lead)
     n, stride_wk, stride_wn = _weight(w, w_nk)
-    config = gemm_tiles(m, n, k)
-    tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
+
+    def num_tiles(meta: dict) -> int:
+        return triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+
     return triton_call(
-        matmul_all_reduce_kernel, x.reshape(m, k), w,
+        _tuned(matmul_all_reduce_kernel, m, n, k, 1), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        workspace=[Workspace((2, size, m, n), jnp.float32),
-                   Workspace((2, size, tiles), jnp.int32)],
-        grid=(tiles,), axis_name=axes, axis_index_groups=groups, num_stages=3,
+        workspace=lambda meta: [Workspace((2, size, m, n), jnp.float32),
+                                Workspace((2, size, num_tiles(meta)), jnp.int32)],
+        grid=_grid(num_tiles), axis_name=axes, axis_index_groups=groups,
         M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=stride_wk, stride_bn=stride_wn,
-        **config,
     ).reshape(lead + (n,))

@@ -10,6 +10,7 @@ exit, dispatches are drained before Python finalises (``_close_at_exit``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import inspect
 import io
@@ -228,9 +229,22 @@ def _launch(site: call_site.CallSite, team: call_site.TeamState, rank: int,
                                      ret_ptrs)
         limits = bounds.Bounds(buffers + _team_buffers(site, team), ctx.who()) if (
             bounds.enabled()) else None
-        with shmem.as_pe(device_ordinal), context.active(ctx), bounds.checking(limits):
+
+        def scope() -> contextlib.ExitStack:  # the rank's thread-local state
+            stack = contextlib.ExitStack()
+            stack.enter_context(shmem.as_pe(device_ordinal))
+            stack.enter_context(context.active(ctx))
+            stack.enter_context(bounds.checking(limits))
+            return stack
+
+        def failed(error: BaseException) -> None:  # the rank's other programs stop waiting
+            _abort_team(site, team, rank, epoch, f"{type(error).__name__}: {error}")
+
+        with scope():
             try:
-                interpreter.launch(site.kernel, variant.grid, args, variant.kwargs)
+                interpreter.launch(site.kernel, variant.grid, args, variant.kwargs,
+                                   concurrent=variant.co_resident, program_scope=scope,
+                                   on_failure=failed)
             finally:
                 if ctx.timeline is not None:
                     timeline_capture.add_events(site, device_ordinal, device_ordinal, rank,

@@ -43,8 +43,8 @@ except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
 __all__ = ["plan", "log_launch", "bind_context", "ensure_shmem", "regions", "compile_site",
-           "kernel_params", "Loaded", "measure", "device_kind", "launcher", "error_record", "take_failure",
-           "check_errors"]
+           "kernel_params", "Loaded", "measure", "device_kind", "launcher", "error_record",
+           "take_failure", "check_errors"]
 
 _compile_lock = threading.Lock()
 _compiled: dict[tuple[int, int], Any] = {}  # (call id, variant index) -> compiled
@@ -305,14 +305,27 @@ def _check_team_fits(site: call_site.CallSite) -> None:
 
 class Loaded:
     """A variant compiled and loaded on one device (a module of its own), its rank context
-    bound; what a launch of it needs."""
+    bound; what a launch of it needs. ``sharing``: ranks of the team on this device (a
+    co-resident variant's programs of all of them must fit at once)."""
 
     def __init__(self, site: call_site.CallSite, variant: tuning.Variant, device: int,
-                 region: int, ctx: int):
+                 region: int, ctx: int, sharing: int = 1):
+        drv = cuda_driver.driver()
         self.signature, self.kernel = compile_site(site, variant)
-        self.module, self.function = cuda_driver.driver().load_function(
+        self.module, self.function = drv.load_function(
             device, self.kernel.asm["cubin"], self.kernel.metadata.name,
             self.kernel.metadata.shared)
+        if variant.co_resident:
+            fits = drv.resident_programs(device, self.function,
+                                         32 * self.kernel.metadata.num_warps,
+                                         self.kernel.metadata.shared)
+            if variant.programs * sharing > fits:
+                drv.module_unload(device, self.module)
+                raise ValueError(
+                    f"kernel {site.label}: its programs wait on each other (co_resident), but "
+                    f"{variant.programs} programs x {sharing} rank(s) on GPU {device} do not "
+                    f"fit on it at once (it holds {fits} of them): use a grid of at most "
+                    f"{fits // sharing} programs")
         bind_context(device, self.module, self.kernel, ctx)
         if cuda_compile.uses_nvshmem(self.kernel):
             heap.init_nvshmem_module(self.module)
@@ -331,7 +344,7 @@ def measure(site: call_site.CallSite, team: call_site.TeamState, rank: int, devi
     # Every rank's epochs advance by the same count, whether the variant runs or fails.
     first = team.epochs.get(rank, 0) + 1
     team.epochs[rank] = first + tuner.warmup + tuner.rep - 1
-    loaded = Loaded(site, site.variants[index], device, region, ctx)
+    loaded = Loaded(site, site.variants[index], device, region, ctx, _sharing(team, device))
     stream = drv.stream_create(device)
     try:
         handle = _cuda.time_launches(
@@ -346,6 +359,13 @@ def measure(site: call_site.CallSite, team: call_site.TeamState, rank: int, devi
     if failure:
         raise RuntimeError(failure)
     return float(np.median(ms)) / 1e3
+
+
+def _sharing(team: call_site.TeamState, device: int) -> int:
+    """Ranks of ``team`` on GPU ``device`` (several when PEs share a GPU)."""
+    if heap.running_backend() == "nvshmem":
+        return 1  # one PE per process; PEs sharing a GPU are other processes' business
+    return sum(1 for pe in team.pes if lifetime.device_of(pe) == device)
 
 
 def device_kind(device: int) -> str:
@@ -374,7 +394,7 @@ def _plan(call_id: int, device: int, args: list[int], rets: list[int]) -> None:
     variant = site.choose(team, rank, "gpu", device_kind(device) if site.tuner else "gpu",
                           lambda index: measure(site, team, rank, device, region, ctx, args,
                                                 rets, index))
-    loaded = Loaded(site, variant, device, region, ctx)
+    loaded = Loaded(site, variant, device, region, ctx, _sharing(team, device))
     ir_dump.dump(site, variant, device, loaded.kernel, loaded.signature, "cuda")
     launch_log.plan(site, variant, device, rank, team, heap.running_backend())
     if site.timeline:

@@ -19,13 +19,17 @@ other's flags. Triton 3.6's interpreter is not built for that:
   (``bounds.py``) when the launching thread set some.
 
 Kernels are ordinary ``@triton.jit`` functions; the environment is not touched.
-A launch runs its programs one after another, so on this backend no program
-may wait for another program of the same launch.
+A launch runs its programs one after another, so no program may wait for another
+program of the same launch — unless the launch is ``concurrent`` (a persistent kernel
+whose programs are all resident at once on a GPU): its programs then run on a thread
+each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -223,7 +227,10 @@ def constexpr_names(fn: Callable) -> set[str]:
     return names
 
 
-def launch(kernel, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+def launch(kernel, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, Any],
+           concurrent: bool = False,
+           program_scope: Callable[[], contextlib.AbstractContextManager] | None = None,
+           on_failure: Callable[[BaseException], None] | None = None) -> None:
     """Runs ``kernel[grid](*args, **kwargs)`` in the interpreter on the calling thread.
 
     Args:
@@ -231,6 +238,12 @@ def launch(kernel, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, A
       grid: up to three program counts.
       args: positional kernel arguments: :class:`Pointer`, Python scalars.
       kwargs: keyword arguments (constexprs and scalars).
+      concurrent: run every program on a thread of its own, so that programs may wait on
+        each other (their thread-local state comes from ``program_scope``).
+      program_scope: entered on each program's thread of a concurrent launch (the rank's
+        PE binding, rank context and address checks).
+      on_failure: called on the failing program's thread as soon as a program of a
+        concurrent launch fails (so that the rank's other programs stop waiting).
     """
     fn = _python_fn(kernel)
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
@@ -241,19 +254,47 @@ def launch(kernel, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, A
         name: value if name in constexprs else _interp._implicit_cvt(value)
         for name, value in bound.arguments.items()
     }
+    programs = list(itertools.product(range(grid[0]), range(grid[1]), range(grid[2])))
     _enter()
-    _grid.running = True
     try:
         rewritten = _rewrite(fn)
-        builder = _interp.interpreter_builder
+        if not concurrent:
+            _run_programs(rewritten, grid, programs, call_args)
+            return
+        errors: list[BaseException] = []
+
+        def program(index: tuple[int, int, int]) -> None:
+            try:
+                with program_scope() if program_scope else contextlib.nullcontext():
+                    _run_programs(rewritten, grid, [index], call_args)
+            except BaseException as error:  # noqa: BLE001 - raised on the launching thread
+                errors.append(error)
+                if on_failure is not None:
+                    on_failure(error)
+
+        threads = [threading.Thread(target=program, args=(index,), daemon=True)
+                   for index in programs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+    finally:
+        _exit()
+
+
+def _run_programs(rewritten: Callable, grid: tuple[int, int, int],
+                  programs: Sequence[tuple[int, int, int]], call_args: dict[str, Any]) -> None:
+    """Runs ``programs`` (grid indices) of a launch one after another on this thread."""
+    builder = _interp.interpreter_builder
+    _grid.running = True
+    try:
         builder.set_grid_dim(*grid)
-        for x in range(grid[0]):
-            for y in range(grid[1]):
-                for z in range(grid[2]):
-                    builder.set_grid_idx(x, y, z)
-                    timeline.record_interpreted(timeline.Kind.PROGRAM_START)
-                    rewritten(**call_args)
-                    timeline.record_interpreted(timeline.Kind.PROGRAM_END)
+        for x, y, z in programs:
+            builder.set_grid_idx(x, y, z)
+            timeline.record_interpreted(timeline.Kind.PROGRAM_START)
+            rewritten(**call_args)
+            timeline.record_interpreted(timeline.Kind.PROGRAM_END)
     finally:
         _grid.running = False
-        _exit()

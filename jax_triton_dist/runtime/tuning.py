@@ -72,11 +72,14 @@ class Config:
       kwargs: keyword arguments the config sets (they override ``triton_call``'s).
       num_warps: warps per program on GPUs (None: ``triton_call``'s, else 4).
       num_stages: software-pipelining depth on GPUs (None: ``triton_call``'s, else 3).
+      co_resident: the config's programs wait on each other (a persistent kernel), as
+        ``triton_call``'s ``co_resident``.
     """
 
     kwargs: Mapping[str, Any]
     num_warps: int | None = None
     num_stages: int | None = None
+    co_resident: bool = False
 
     def __post_init__(self):
         if not isinstance(self.kwargs, Mapping):
@@ -92,13 +95,13 @@ class Config:
     def as_dict(self) -> dict[str, Any]:
         """The config as JSON-compatible data (how the disk cache stores it)."""
         return {"kwargs": dict(sorted(self.kwargs.items())), "num_warps": self.num_warps,
-                "num_stages": self.num_stages}
+                "num_stages": self.num_stages, "co_resident": self.co_resident}
 
     def __str__(self) -> str:
         parts = [f"{k}={v}" for k, v in sorted(self.kwargs.items())]
         parts += [f"{name}={getattr(self, name)}" for name in ("num_warps", "num_stages")
                   if getattr(self, name) is not None]
-        return ", ".join(parts)
+        return ", ".join(parts + (["co_resident"] if self.co_resident else []))
 
 
 Timer = Callable[[Config, int, float], float]
@@ -134,7 +137,8 @@ class Autotuned:
 
     Attributes:
       kernel: the kernel.
-      configs: the config space, in the order every rank tries it.
+      configs: the config space, in the order every rank tries it; or a function of the
+        call's keyword arguments returning it (a space that depends on the shapes).
       key: names of keyword arguments whose values (besides operand shapes and dtypes,
         rank count and device kind) select a cache entry.
       prune: ``prune(configs, kwargs) -> configs`` run at trace time, or None.
@@ -147,7 +151,7 @@ class Autotuned:
     """
 
     kernel: Any
-    configs: tuple[Config, ...]
+    configs: tuple[Config, ...] | Callable[[dict[str, Any]], Sequence[Config]]
     key: tuple[str, ...] = ()
     prune: Callable[[list[Config], dict[str, Any]], Sequence[Config]] | None = None
     warmup: int = 2
@@ -161,10 +165,8 @@ class Autotuned:
         if fn is None or not callable(fn):
             raise TypeError(f"autotune: expected a @triton.jit kernel, got "
                             f"{type(self.kernel).__name__}")
-        self.configs = tuple(self.configs)
-        if not self.configs or any(not isinstance(c, Config) for c in self.configs):
-            raise ValueError(f"autotune({fn.__name__}): configs must be a non-empty sequence "
-                             "of jax_triton_dist.autotune.Config")
+        if not callable(self.configs):
+            self.configs = self._checked(self.configs)
         self.key = (self.key,) if isinstance(self.key, str) else tuple(self.key)
         if self.warmup < 0 or self.rep < 1:
             raise ValueError(f"autotune({fn.__name__}): need warmup >= 0 and rep >= 1, got "
@@ -174,6 +176,13 @@ class Autotuned:
     def fn(self) -> Callable:
         """The kernel's Python function (``triton_call`` names and checks it)."""
         return self.kernel.fn
+
+    def _checked(self, configs: Sequence[Config]) -> tuple[Config, ...]:
+        configs = tuple(configs)
+        if not configs or any(not isinstance(c, Config) for c in configs):
+            raise ValueError(f"autotune({self.fn.__name__}): configs must be a non-empty "
+                             "sequence of jax_triton_dist.autotune.Config")
+        return configs
 
     def candidates(self, kwargs: dict[str, Any]) -> list[Config]:
         """The configs left after ``prune`` for a call with ``kwargs``.
@@ -185,7 +194,8 @@ class Autotuned:
         if missing:
             raise ValueError(f"autotune({self.fn.__name__}): key names {missing} are not "
                              f"keyword arguments of the call (given: {sorted(kwargs)})")
-        configs = list(self.configs)
+        configs = list(self._checked(self.configs(dict(kwargs))) if callable(self.configs)
+                       else self.configs)
         if self.prune is not None:
             configs = list(self.prune(configs, dict(kwargs)))
             if not configs:
@@ -205,12 +215,14 @@ class Autotuned:
 class Variant:
     """One launch of a call site: keyword arguments, compile options and grid.
 
-    ``config`` is the autotune config it comes from (None at an untuned site)."""
+    ``config`` is the autotune config it comes from (None at an untuned site);
+    ``co_resident``: the programs wait on each other, so all must run at once."""
 
     kwargs: dict[str, Any]
     options: dict[str, int]
     grid: tuple[int, ...]
     config: Config | None = None
+    co_resident: bool = False
 
     @property
     def programs(self) -> int:
@@ -219,20 +231,21 @@ class Variant:
 
 
 def variants_of(configs: Sequence[Config] | None, kwargs: dict[str, Any],
-                options: dict[str, int],
-                grid: Callable[[dict[str, Any]], tuple[int, ...]]) -> tuple[Variant, ...]:
+                options: dict[str, int], grid: Callable[[dict[str, Any]], tuple[int, ...]],
+                co_resident: bool = False) -> tuple[Variant, ...]:
     """The variants of a call: one per config (its keyword arguments over ``kwargs``, its
     warps and stages over ``options``, the grid of the merged arguments), or the call
     itself when ``configs`` is None."""
     if configs is None:
-        return (Variant(dict(kwargs), dict(options), grid(kwargs)),)
+        return (Variant(dict(kwargs), dict(options), grid(kwargs), None, co_resident),)
     out = []
     for config in configs:
         merged = {**kwargs, **config.kwargs}
         opts = dict(options)
         opts.update({k: v for k, v in (("num_warps", config.num_warps),
                                        ("num_stages", config.num_stages)) if v is not None})
-        out.append(Variant(merged, opts, grid(merged), config))
+        out.append(Variant(merged, opts, grid(merged), config,
+                           co_resident or config.co_resident))
     return tuple(out)
 
 

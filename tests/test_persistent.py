@@ -1,0 +1,111 @@
+"""Persistent variants of the fused GEMM + communication kernels (fewer programs than
+tiles, each looping over tiles; all programs resident at once): on CPU every program of a
+co-resident launch runs on a thread of its own, so programs that wait on each other make
+progress as they do on a GPU. Checked against jnp.dot in float32 composed with jax.lax."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import triton
+import triton.language as tl
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_triton_dist as jtd
+import jax_triton_dist.language as dl
+from jax_triton_dist import tiles
+
+
+@pytest.fixture
+def persistent(monkeypatch):
+    """The fused ops' only config: persistent, 3 programs per rank, small tiles."""
+    def configs(m, n, k, copies=1, target="cuda"):
+        return [{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
+                 "num_stages": 3, "PERSISTENT": True}]
+
+    monkeypatch.setattr(tiles, "gemm_configs", configs)
+    monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": 3)
+
+
+def mesh_1d(ranks):
+    return Mesh(np.array(jax.devices("cpu")[:ranks]), ("x",))
+
+
+def put(mesh, x, spec):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def rand(shape, seed, dtype=jnp.float32, scale=1.0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, dtype)
+
+
+def dot32(a, b):
+    return jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST)
+
+
+def assert_close(out, ref, dtype):
+    out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < tol
+
+
+@pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.float32),
+                                         (4, jnp.float32), (2, jnp.bfloat16)])
+def test_all_gather_matmul(persistent, ranks, dtype):
+    mesh = mesh_1d(ranks)
+    x, w = rand((ranks * 24, 40), ranks, dtype), rand((40, 56), 7, dtype, 0.2)
+    f = jax.jit(jax.shard_map(lambda a, b: jtd.all_gather_matmul(a, b, "x"), mesh=mesh,
+                              in_specs=(P("x"), P()), out_specs=P("x")))
+    for _ in range(3):  # back to back: the flags of one call must not satisfy the next
+        out = f(put(mesh, x, P("x")), put(mesh, w, P()))
+    for block in np.asarray(out, np.float32).reshape(ranks, ranks * 24, 56):  # every rank
+        assert_close(block, dot32(x, w), dtype)
+
+
+@pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.float32),
+                                         (4, jnp.float32), (2, jnp.bfloat16)])
+def test_matmul_reduce_scatter(persistent, ranks, dtype):
+    mesh = mesh_1d(ranks)
+    x, w = rand((ranks * 20, ranks * 16), ranks, dtype), rand((ranks * 16, 36), 5, dtype, 0.2)
+    f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_reduce_scatter(a, b, "x"), mesh=mesh,
+                              in_specs=(P(None, "x"), P("x")), out_specs=P("x")))
+    for _ in range(3):
+        out = f(put(mesh, x, P(None, "x")), put(mesh, w, P("x")))
+    assert_close(out, dot32(x, w), dtype)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_matmul_all_reduce(persistent, ranks):
+    mesh = mesh_1d(ranks)
+    x, w = rand((40, ranks * 16), ranks), rand((ranks * 16, 48), 3, scale=0.2)
+    f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_all_reduce(a, b, "x"), mesh=mesh,
+                              in_specs=(P(None, "x"), P("x")), out_specs=P(None)))
+    for _ in range(3):
+        out = f(put(mesh, x, P(None, "x")), put(mesh, w, P("x")))
+    assert_close(out, dot32(x, w), jnp.float32)
+
+
+def test_programs_that_wait_on_each_other_need_co_resident():
+    """A kernel whose program 0 waits for program 1 of the same launch: it completes only
+    when its programs run at once (co_resident=True)."""
+    @triton.jit
+    def handshake_kernel(out_ptr, flags_ptr):
+        pid = tl.program_id(0)
+        epoch = dl.epoch()
+        if pid == 1:
+            dl.notify(flags_ptr, dl.rank(), epoch, "set", "sys")
+        else:
+            dl.wait(flags_ptr, 1, "sys", "acquire", epoch)
+        tl.store(out_ptr + pid, pid + 1)
+
+    mesh = mesh_1d(2)
+    f = jax.jit(jax.shard_map(
+        lambda x: jtd.triton_call(handshake_kernel, out_shape=jax.ShapeDtypeStruct((2,),
+                                                                                   jnp.int32),
+                                  workspace=[jtd.Workspace((1,), jnp.int32)], grid=(2,),
+                                  axis_name="x", co_resident=True) + x,
+        mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    out = f(jnp.zeros((4,), jnp.int32))
+    np.testing.assert_array_equal(np.asarray(out), [1, 2, 1, 2])
