@@ -48,7 +48,7 @@ from jax_triton_dist.runtime import (
 )
 from jax_triton_dist.shmem import heap, lifetime
 
-__all__ = ["run_ranks"]
+__all__ = ["run_ranks", "time_ranks"]
 
 _ids = itertools.count(-1, -1)  # negative: never clash with traced call sites
 
@@ -113,6 +113,105 @@ def _choose(site: call_site.CallSite, team: call_site.TeamState, device: int,
     return site.variant(team, 0)
 
 
+class _Job:
+    """The ranks of one kernel on one GPU: SHMEM, the team's region, a stream and buffers
+    per rank, the chosen variant loaded once per rank; :meth:`close` releases them."""
+
+    def __init__(self, kernel, world, inputs, outputs, workspaces, grid, kwargs, device,
+                 symmetric):
+        if cuda_dispatch.launcher() is None or not cuda_driver.available():
+            raise RuntimeError(
+                "one_gpu needs the CUDA launcher and a GPU "
+                f"({cuda_driver.unavailable_reason() or 'no CUDA launcher built'})")
+        self.drv = drv = cuda_driver.driver()
+        self.world, self.device, self.inputs = world, device, inputs
+        _ensure_world(world, device)
+        first = [np.ascontiguousarray(a) for a in inputs(0, 0)]
+        self.site = site = _site(kernel, world, first, outputs, workspaces, grid, kwargs,
+                                 symmetric)
+        self.team = call_site.TeamState(pes=list(range(world)),
+                                        generation=lifetime.generation())
+        self.contexts = cuda_dispatch.regions(site, self.team)
+        self.team.region = self.contexts
+        site.teams[()] = self.team
+        self.streams = [drv.stream_create(device) for _ in range(world)]
+        self.in_bufs = [[drv.alloc(device, max(a.nbytes, 1)) for a in first]
+                        for _ in range(world)]
+        self.out_bufs = [[drv.alloc(device, max(site.outputs[i].nbytes, 1))
+                          for i in range(len(outputs))] for _ in range(world)]
+        self.loaded = []
+        try:
+            self.write_inputs(0)
+            variant = _choose(site, self.team, device, [[0] + b for b in self.in_bufs],
+                              self.out_bufs)
+            self.loaded = [cuda_dispatch.Loaded(site, variant, device, region, ctx, world)
+                           for region, ctx in self.contexts]
+        except BaseException:
+            self.close()
+            raise
+        self.epoch = self.team.epochs.get(0, 0)  # the tuner's launches (same on every rank)
+
+    def write_inputs(self, call: int) -> None:
+        for rank in range(self.world):
+            for buf, array in zip(self.in_bufs[rank], self.inputs(call, rank), strict=True):
+                self.drv.write(self.device, buf, np.ascontiguousarray(array).tobytes())
+
+    def next_epoch(self) -> None:
+        """Writes the next epoch into every rank's context (before its launches)."""
+        self.epoch += 1
+        for rank in range(self.world):
+            self.drv.write(self.device, self.contexts[rank][1] + device_abi.EPOCH_OFFSET,
+                           struct.pack("<i", self.epoch))
+
+    def launch(self, call: int, ends: list[int] | None = None) -> None:
+        """Every rank's launch of the current epoch, in a rotating order (a different rank
+        starts first each call); ``ends``: an event per rank recorded after its launch."""
+        epoch, drv = self.epoch, self.drv
+        for rank in [(call + i) % self.world for i in range(self.world)]:
+            loaded, values = self.loaded[rank], []
+            for kind, index, value, alt, size in loaded.params:
+                if kind == ParamKind.OPERAND:
+                    values.append(self.in_bufs[rank][index - 1])
+                elif kind == ParamKind.STAGED:  # as the FFI handler stages it
+                    slot = device_abi.staging_slot(epoch, value, alt)
+                    heap.copy(rank, slot, self.in_bufs[rank][index - 1], size)
+                    values.append(slot)
+                elif kind == ParamKind.RESULT:
+                    values.append(self.out_bufs[rank][index])
+                else:
+                    values.append(value)
+            drv.launch(self.device, loaded.function, loaded.grid, loaded.block,
+                       loaded.kernel.metadata.shared, values, self.streams[rank])
+            if ends is not None:
+                drv.event_record(self.device, ends[rank], self.streams[rank])
+
+    def finish(self, call: int) -> None:
+        """Waits for every rank; raises a failure a wait recorded."""
+        for stream in self.streams:
+            self.drv.stream_synchronize(self.device, stream)
+        failure = cuda_dispatch.take_failure(self.device, self.site.call_id, self.site.label)
+        if failure:
+            raise RuntimeError(f"one_gpu, call {call}: {failure}")
+
+    def results(self) -> list[list[np.ndarray]]:
+        return [[np.frombuffer(self.drv.read(self.device, buf, spec.nbytes), spec.dtype)
+                 .reshape(spec.shape) for buf, spec in zip(self.out_bufs[rank],
+                                                           self.site.outputs, strict=True)]
+                for rank in range(self.world)]
+
+    def close(self) -> None:
+        drv, device = self.drv, self.device
+        for stream in self.streams:
+            drv.stream_synchronize(device, stream)
+        for buf in itertools.chain(*self.in_bufs, *self.out_bufs):
+            drv.free(device, buf)
+        for item in self.loaded:
+            drv.module_unload(device, item.module)
+        if self.site.timeline:  # inside jtd.timeline.record: keep the events
+            timeline_capture.harvest(self.site)
+        heap.release(self.contexts[0][0] - heap.heap_base(0))
+
+
 def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],
               outputs: Sequence[tuple[tuple[int, ...], Any]],
               workspaces: Sequence[tuple[tuple[int, ...], Any]] | Callable,
@@ -142,72 +241,48 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     Inside ``jtd.timeline.record`` the launches are timed (every rank's programs, waits and
     notifies on the GPU's clock), which shows how the ranks' work interleaved on the GPU.
     """
-    if cuda_dispatch.launcher() is None or not cuda_driver.available():
-        raise RuntimeError("one_gpu.run_ranks needs the CUDA launcher and a GPU "
-                           f"({cuda_driver.unavailable_reason() or 'no CUDA launcher built'})")
-    drv = cuda_driver.driver()
-    _ensure_world(world, device)
-    first = [np.ascontiguousarray(a) for a in inputs(0, 0)]
-    site = _site(kernel, world, first, outputs, workspaces, grid, kwargs, symmetric)
-    team = call_site.TeamState(pes=list(range(world)), generation=lifetime.generation())
-    contexts = cuda_dispatch.regions(site, team)
-    team.region = contexts
-    site.teams[()] = team
-    streams = [drv.stream_create(device) for _ in range(world)]
-    in_bufs = [[drv.alloc(device, max(a.nbytes, 1)) for a in first] for _ in range(world)]
-    out_bufs = [[drv.alloc(device, max(site.outputs[i].nbytes, 1))
-                 for i in range(len(outputs))] for _ in range(world)]
-    loaded = []
+    job = _Job(kernel, world, inputs, outputs, workspaces, grid, kwargs, device, symmetric)
     try:
-        for rank in range(world):
-            for buf, array in zip(in_bufs[rank], inputs(0, rank), strict=True):
-                drv.write(device, buf, np.ascontiguousarray(array).tobytes())
-        variant = _choose(site, team, device, [[0] + b for b in in_bufs], out_bufs)
-        loaded = [cuda_dispatch.Loaded(site, variant, device, region, ctx, world)
-                  for region, ctx in contexts]
-        tuned = team.epochs.get(0, 0)  # launches the tuner made (the same on every rank)
         results = []
         for call in range(calls):
-            epoch = tuned + call + 1
-            for rank in range(world):
-                for buf, array in zip(in_bufs[rank], inputs(call, rank), strict=True):
-                    drv.write(device, buf, np.ascontiguousarray(array).tobytes())
-                drv.write(device, contexts[rank][1] + device_abi.EPOCH_OFFSET,
-                          struct.pack("<i", epoch))
-            # Launch in a rotating order so that a different rank starts first each call.
-            for rank in [(call + i) % world for i in range(world)]:
-                values = []
-                for kind, index, value, alt, size in loaded[rank].params:
-                    if kind == ParamKind.OPERAND:
-                        values.append(in_bufs[rank][index - 1])
-                    elif kind == ParamKind.STAGED:  # as the FFI handler stages it
-                        slot = device_abi.staging_slot(epoch, value, alt)
-                        heap.copy(rank, slot, in_bufs[rank][index - 1], size)
-                        values.append(slot)
-                    elif kind == ParamKind.RESULT:
-                        values.append(out_bufs[rank][index])
-                    else:
-                        values.append(value)
-                drv.launch(device, loaded[rank].function, loaded[rank].grid,
-                           loaded[rank].block, loaded[rank].kernel.metadata.shared, values,
-                           streams[rank])
-            for stream in streams:
-                drv.stream_synchronize(device, stream)
-            failure = cuda_dispatch.take_failure(device, site.call_id, site.label)
-            if failure:
-                raise RuntimeError(f"one_gpu.run_ranks, call {call}: {failure}")
-            results.append([
-                [np.frombuffer(drv.read(device, buf, spec.nbytes), spec.dtype).reshape(spec.shape)
-                 for buf, spec in zip(out_bufs[rank], site.outputs, strict=True)]
-                for rank in range(world)])
+            if call:
+                job.write_inputs(call)
+            job.next_epoch()
+            job.launch(call)
+            job.finish(call)
+            results.append(job.results())
         return results
     finally:
-        for stream in streams:
-            drv.stream_synchronize(device, stream)
-        for buf in itertools.chain(*in_bufs, *out_bufs):
-            drv.free(device, buf)
-        for item in loaded:
-            drv.module_unload(device, item.module)
-        if site.timeline:  # inside jtd.timeline.record: keep the events
-            timeline_capture.harvest(site)
-        heap.release(contexts[0][0] - heap.heap_base(0))
+        job.close()
+
+
+def time_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],
+               outputs: Sequence[tuple[tuple[int, ...], Any]],
+               workspaces: Sequence[tuple[tuple[int, ...], Any]] | Callable,
+               grid: Sequence[int] | Callable, kwargs: dict[str, Any], calls: int = 10,
+               warmup: int = 2, device: int = 0, symmetric: Sequence[int] = ()) -> list[float]:
+    """Seconds of each of ``calls`` timed calls of :func:`run_ranks`' job (after
+    ``warmup`` untimed ones), on the first call's inputs: from an event recorded before
+    the ranks' launches to the last rank's end (their makespan, launch skew included).
+    Arguments as :func:`run_ranks`."""
+    job = _Job(kernel, world, inputs, outputs, workspaces, grid, kwargs, device, symmetric)
+    drv = job.drv
+    start = drv.event_create(device)
+    ends = [drv.event_create(device) for _ in range(world)]
+    try:
+        for call in range(warmup):
+            job.next_epoch()
+            job.launch(call)
+            job.finish(call)
+        seconds = []
+        for call in range(calls):
+            job.next_epoch()
+            drv.event_record(device, start, job.streams[0])
+            job.launch(call, ends)
+            job.finish(call)
+            seconds.append(max(drv.event_elapsed_ms(device, start, end) for end in ends) / 1e3)
+        return seconds
+    finally:
+        for event in (start, *ends):
+            drv.event_destroy(device, event)
+        job.close()

@@ -100,12 +100,30 @@ def matmul_kernel(
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False,
 ):
-    """``C = A @ B``, one output tile per program, in grouped (L2-friendly) order."""
+    """``C = A @ B``, one output tile per program in grouped (L2-friendly) order; or
+    (``PERSISTENT``) fewer programs, each looping over tiles ``program, program + programs,
+    ...`` of that order."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = grouped_tile(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
+    if PERSISTENT:
+        for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+            _matmul_tile_at(tile, a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
+                            stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
+                            BLOCK_K, GROUP_M)
+    else:
+        _matmul_tile_at(tl.program_id(0), a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
+                        stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K,
+                        GROUP_M)
+
+
+@triton.jit
+def _matmul_tile_at(tile, a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                    stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile number ``tile`` of the grouped order, computed and stored."""
+    pid_m, pid_n = grouped_tile(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
                       stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
     store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)

@@ -25,6 +25,32 @@ def test_collectives_benchmark_cli_writes_json(tmp_path, capsys):
     assert len(data["results"]) == len(collectives.OPS)
 
 
+def test_gemm_benchmark_times_every_config_on_cpu(tmp_path):
+    from jax_triton_dist import tiles
+    from jax_triton_dist.bench import gemm
+
+    path = tmp_path / "gemm.json"
+    bench.main(["gemm", "--shapes", "32x48x16", "--iters", "1", "--platform", "cpu",
+                "--json", str(path)])
+    (row,) = json.loads(path.read_text())["results"]
+    assert row["shape"] == "32x48x16" and row["timing"] == "wall"  # no device kernels on CPU
+    assert len(row["configs"]) == len(tiles.gemm_configs(32, 48, 16))
+    assert row["best_us"] == min(c["us"] for c in row["configs"])
+    assert row["table_us"] == row["configs"][0]["us"]
+    assert row["rel_err"] < 1e-2 and all(c["rel_err"] < 1e-2 for c in row["configs"])
+    assert gemm.describe(tiles.gemm_configs(32, 48, 16)[0]) == row["configs"][0]["config"]
+
+
+def test_kernel_seconds_groups_events_by_call():
+    from jax_triton_dist.bench import device_time
+
+    # Three calls of two kernels each, 1 ms apart; the kernels of a call 10 us apart.
+    events = [(call * 1_000_000 + offset, 5_000, name) for call in range(3)
+              for offset, name in ((0, "gemm"), (10_000, "epilogue"))]
+    groups = device_time._split_calls(events, 3)
+    assert [[e[2] for e in g] for g in groups] == [["gemm", "epilogue"]] * 3
+
+
 def test_single_gpu_fused_part_runs_on_cpu(tmp_path, capsys):
     path = tmp_path / "single.json"
     bench.main(["single-gpu", "--parts", "fused", "--shapes", "32x16x32", "--iters", "1",

@@ -159,6 +159,54 @@ NB_MODULE(_cuda_driver, m) {
       },
       "device"_a, "stream"_a);
   m.def(
+      "event_create",
+      [](int device) {
+        DeviceScope scope(device);
+        CUevent event;
+        Check(D().cuEventCreate(&event, CU_EVENT_DEFAULT), "cuEventCreate");
+        return reinterpret_cast<uintptr_t>(event);
+      },
+      "device"_a);
+  m.def(
+      "event_record",
+      [](int device, uintptr_t event, uintptr_t stream) {
+        DeviceScope scope(device);
+        Check(D().cuEventRecord(reinterpret_cast<CUevent>(event), reinterpret_cast<CUstream>(stream)),
+              "cuEventRecord");
+      },
+      "device"_a, "event"_a, "stream"_a);
+  m.def(
+      "event_elapsed_ms",
+      [](int device, uintptr_t start, uintptr_t end) {
+        // Waits for `end`; milliseconds from `start` to `end` (events of one device).
+        DeviceScope scope(device);
+        float ms = 0;
+        {
+          nb::gil_scoped_release release;
+          Check(D().cuEventSynchronize(reinterpret_cast<CUevent>(end)), "cuEventSynchronize");
+        }
+        Check(D().cuEventElapsedTime(&ms, reinterpret_cast<CUevent>(start),
+                                     reinterpret_cast<CUevent>(end)),
+              "cuEventElapsedTime");
+        return ms;
+      },
+      "device"_a, "start"_a, "end"_a);
+  m.def(
+      "event_destroy",
+      [](int device, uintptr_t event) {
+        DeviceScope scope(device);
+        Check(D().cuEventDestroy(reinterpret_cast<CUevent>(event)), "cuEventDestroy");
+      },
+      "device"_a, "event"_a);
+  m.def(
+      "copy_async",
+      [](int device, uint64_t dst, uint64_t src, size_t nbytes, uintptr_t stream) {
+        DeviceScope scope(device);
+        Check(D().cuMemcpyDtoDAsync(dst, src, nbytes, reinterpret_cast<CUstream>(stream)),
+              "cuMemcpyDtoDAsync");
+      },
+      "device"_a, "dst"_a, "src"_a, "nbytes"_a, "stream"_a);
+  m.def(
       "device_synchronize",
       [](int device) {
         DeviceScope scope(device);

@@ -126,44 +126,50 @@ def _gemm() -> Case:
         "gemm_tile", "jax_triton_dist.kernels.gemm:matmul_kernel",
         {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16"},
         {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
-        dict(config, stride_ak=1, stride_bn=1, stride_cn=1), Expected(0, 0))
+        dict(config, stride_ak=1, stride_bn=1, stride_cn=1, PERSISTENT=False), Expected(0, 0))
 
 
-def _gemm_tiles(m: int, n: int, k: int, copies: int) -> dict[str, int]:
+def _gemm_tiles(m: int, n: int, k: int, copies: int,
+               persistent: bool = False) -> dict[str, int]:
     config = tiles.gemm_tiles(m, n, k, copies=copies, target="ascend")
     config.pop("num_warps")
-    return config
+    return dict(config, PERSISTENT=persistent)
 
 
-def _fused(ranks: int) -> list[Case]:
+def _fused(ranks: int, persistent: bool = False) -> list[Case]:
+    """The fused GEMM kernels; ``persistent``: their persistent variants (a loop over
+    tiles around the same body: the same flag writes and waits in the IR)."""
     m, n, k = 256, 1024, 1024  # per-rank rows, columns, reduction
+    suffix = "_persistent" if persistent else ""
     ag = Case(
-        "all_gather_matmul", "jax_triton_dist.kernels.gemm_collectives:all_gather_matmul_kernel",
+        "all_gather_matmul" + suffix,
+        "jax_triton_dist.kernels.gemm_collectives:all_gather_matmul_kernel",
         {"x_ptr": "bf16", "w_ptr": "bf16", "bias_ptr": "bf16", "c_ptr": "bf16",
          "flags_ptr": "i32"},
         {"m": m, "N": n, "K": k, "R": m, "stride_wk": n},
-        dict(_gemm_tiles(m, n, k, ranks), stride_wn=1, BATCHED=False, HAS_BIAS=False,
-             ACTIVATION="none"),
+        dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
+             HAS_BIAS=False, ACTIVATION="none"),
         # program 0 announces to every peer; a tile of a peer's shard waits once
         Expected(notifies=ranks - 1, waits=1))
     rs = Case(
-        "matmul_reduce_scatter",
+        "matmul_reduce_scatter" + suffix,
         "jax_triton_dist.kernels.gemm_collectives:matmul_reduce_scatter_kernel",
         {"x_ptr": "bf16", "w_ptr": "bf16", "bias_ptr": "bf16", "c_ptr": "bf16",
          "slots_ptr": "fp32", "flags_ptr": "i32"},
         {"seg": m, "N": n, "K": k, "R": m, "stride_wk": n},
-        dict(_gemm_tiles(m, n, k, ranks), stride_wn=1, BATCHED=False, HAS_BIAS=False,
-             ACTIVATION="none"),
+        dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
+             HAS_BIAS=False, ACTIVATION="none"),
         # a peer segment's tile is pushed once; the own segment's tile waits per rank;
         # keep_tile adds a barrier
         Expected(notifies=1, waits=ranks, barriers=1 + ranks + 1))
     decode_m = 128
     ar = Case(
-        "matmul_all_reduce", "jax_triton_dist.kernels.gemm_allreduce:matmul_all_reduce_kernel",
+        "matmul_all_reduce" + suffix,
+        "jax_triton_dist.kernels.gemm_allreduce:matmul_all_reduce_kernel",
         {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "slots_ptr": "fp32",
          "flags_ptr": "i32"},
         {"M": decode_m, "N": n, "K": k, "stride_am": k, "stride_bk": n},
-        dict(_gemm_tiles(decode_m, n, k, 1), stride_ak=1, stride_bn=1),
+        dict(_gemm_tiles(decode_m, n, k, 1, persistent), stride_ak=1, stride_bn=1),
         Expected(notifies=ranks - 1, waits=ranks, barriers=(ranks - 1) + ranks + 1))
     return [ag, rs, ar]
 
@@ -198,10 +204,11 @@ def _device_calls(ranks: int) -> Case:
 
 
 def cases(ranks: int) -> list[Case]:
-    """Every kernel of ``kernels/`` at ``ranks`` ranks, and a kernel making every ``dl``
-    SHMEM device call (``device_calls``)."""
+    """Every kernel of ``kernels/`` at ``ranks`` ranks (the fused GEMM kernels also in
+    their persistent form), and a kernel making every ``dl`` SHMEM device call
+    (``device_calls``)."""
     return (_push_exchange(ranks) + [_two_shot(ranks), _ring(), _gemm()] + _fused(ranks)
-            + _moe(ranks) + [_device_calls(ranks)])
+            + _fused(ranks, persistent=True) + _moe(ranks) + [_device_calls(ranks)])
 
 
 def case_names() -> list[str]:

@@ -1,5 +1,6 @@
-"""``python -m jax_triton_dist.bench {collectives,gemm,single-gpu} [options] [--json PATH]
-[--plot PNG]``, and ``python -m jax_triton_dist.bench plot RESULTS.json --out PNG``.
+"""``python -m jax_triton_dist.bench {collectives,gemm,single-gpu,overlap} [options]
+[--json PATH] [--plot PNG]``, and ``python -m jax_triton_dist.bench plot RESULTS.json --out
+PNG``.
 
 Without a GPU the suite runs on 8 simulated CPU devices (Triton's interpreter): a smoke
 test of the benchmark, not a performance record. With ``--platform gpu`` (or a GPU as
@@ -47,6 +48,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     single.add_argument("--json", default="bench_single_gpu.json", help="output JSON path")
     single.add_argument("--plot", default=None, metavar="PNG",
                         help="also draw the results (needs matplotlib: pip install '.[plot]')")
+    overlap = sub.add_parser("overlap", help="one-GPU proxy for overlap: fused ops at 2-8 "
+                             "ranks sharing the GPU vs their local GEMMs alone (needs a GPU)")
+    overlap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    overlap.add_argument("--sizes", type=int, nargs="+", default=[1 << 16, 1 << 20, 4 << 20],
+                         help="bytes per rank of the all_gather part")
+    overlap.add_argument("--iters", type=int, default=10)
+    overlap.add_argument("--json", default="bench_overlap.json", help="output JSON path")
     draw = sub.add_parser("plot", help="draw a results JSON written by a suite")
     draw.add_argument("results", help="a JSON file written with --json")
     draw.add_argument("--out", required=True, metavar="PNG", help="image to write")
@@ -87,6 +95,19 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\n{part}")
             timing.print_table(rows, single_gpu.COLUMNS[part])
         _finish(args, "single-gpu", [r for rows in results.values() for r in rows])
+        return
+
+    if args.suite == "overlap":
+        from jax_triton_dist.bench import overlap
+
+        device = jax.devices("gpu")[0]
+        print(f"one-GPU overlap proxy on {device.device_kind}: ranks share the GPU (not "
+              f"NVLink), median makespan of {args.iters}")
+        rows = overlap.run(args.ranks, args.iters, args.sizes)
+        for part, columns in overlap.COLUMNS.items():
+            print(f"\n{part}")
+            timing.print_table([r for r in rows if r["bench"] == part], columns)
+        timing.write_json(args.json, "overlap", rows)
         return
 
     if args.suite == "gemm":

@@ -7,12 +7,14 @@
 * ``copy``: a copy into the ``cuda`` SHMEM heap (memory mapped with cuMemCreate/cuMemMap)
   vs the same copy into a plain ``cuMemAlloc`` buffer; both device to device on the copy
   engine, synchronised.
-* ``fused``: the fused GEMM ops at world size 1 vs ``jnp.dot`` and vs the project's bare
-  GEMM tile with the same tile shape, in the GEMM benchmark's scan harness.
+* ``fused``: the fused GEMM ops at world size 1 (the fixed table's tiles and autotuned) vs
+  ``jnp.dot`` and vs the project's bare GEMM tile with the table's tile shape; kernel-alone
+  device times (``device_time``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -25,10 +27,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_triton_dist as jtd
-from jax_triton_dist.bench import gemm, timing
+from jax_triton_dist.bench import device_time, gemm, timing
 from jax_triton_dist.runtime import cuda_compile, cuda_dispatch, cuda_driver
 from jax_triton_dist.shmem import heap
-from jax_triton_dist.tiles import gemm_tiles
+from jax_triton_dist.tiles import gemm_configs
 
 CHAIN = 200
 COPY_SIZES = [1 << 20, 16 << 20, 256 << 20]
@@ -135,45 +137,66 @@ def copy_bandwidth(device, iters: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _tuning(mode: str):
+    """``$JTD_AUTOTUNE`` set to ``mode`` with no disk cache (each call site decides anew)."""
+    saved = {k: os.environ.get(k) for k in ("JTD_AUTOTUNE", "JTD_AUTOTUNE_CACHE")}
+    os.environ.update(JTD_AUTOTUNE=mode, JTD_AUTOTUNE_CACHE="")
+
+    def restore() -> None:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return restore
+
+
 def fused_overhead(device, iters: int, shapes=None, layouts=("kn", "nk")
                    ) -> list[dict[str, Any]]:
     """Fused ops at world size 1 against the GEMM tile and XLA's dot, per weight layout
-    (``nk``: the weight stored ``[N, K]``; XLA's dot then contracts its dimension 1)."""
+    (``nk``: the weight stored ``[N, K]``; XLA's dot then contracts its dimension 1), each
+    with the fixed table's tiles (``table``) and autotuned (``tuned``: on GPUs; on CPU the
+    same as the table). Kernel-alone device times (``device_time``), bf16 in and out."""
     mesh = Mesh(np.array([device]), ("x",))
     rows = []
     for m, n, k in shapes or FUSED_SHAPES:
         rng = np.random.default_rng(1)
         put = lambda v: jax.device_put(jnp.asarray(v, jnp.bfloat16),  # noqa: E731
                                        NamedSharding(mesh, P()))
-        a = put(rng.standard_normal((gemm.DEPTH, m, k), np.float32))
+        a = put(rng.standard_normal((m, k), np.float32))
         b = put(rng.standard_normal((k, n), np.float32) / np.sqrt(k))
-        dot_s, ref = gemm._timed(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32)
-                                 .astype(jnp.bfloat16), mesh, a, b, iters)
-        tiles = gemm_tiles(m, n, k)
-        config = (tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["GROUP_M"],
-                  tiles["num_warps"], 3)
-        tile_s, _ = gemm._timed(lambda x, y, c=config: gemm.matmul(x, y, c), mesh, a, b, iters)
+        ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+        table = gemm_configs(m, n, k)[0]
+        tile = jax.jit(jax.shard_map(lambda x, y, c=table: gemm.matmul(x, y, c), mesh=mesh,
+                                     in_specs=(P(), P()), out_specs=P(), check_vma=False))
+        tile_s = device_time.kernel_seconds(tile, a, b, calls=iters).seconds
         for layout in layouts:
-            weight, layout_dot_s = b, dot_s
-            if layout == "nk":
-                weight = jax.device_put(jnp.asarray(b).T.copy(), NamedSharding(mesh, P()))
-                layout_dot_s, _ = gemm._timed(
-                    lambda x, y: jax.lax.dot_general(
-                        x, y, (((1,), (1,)), ((), ())),
-                        preferred_element_type=jnp.float32).astype(jnp.bfloat16),
-                    mesh, a, weight, iters)
+            weight = b if layout == "kn" else put(np.asarray(b, np.float32).T.copy())
+            dims = (((1,), (0,)), ((), ())) if layout == "kn" else (((1,), (1,)), ((), ()))
+            dot = jax.jit(lambda x, y, d=dims: jax.lax.dot_general(x, y, d))
+            dot_s = device_time.kernel_seconds(dot, a, weight, calls=iters).seconds
             for name in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
                 op = getattr(jtd, name)
-                seconds, out = gemm._timed(
-                    lambda x, y, op=op, lay=layout: op(x, y, "x", w_layout=lay), mesh, a,
-                    weight, iters)
+                times = {}
+                for mode in ("off", "gpu"):
+                    restore = _tuning(mode)
+                    try:
+                        f = jax.jit(jax.shard_map(
+                            lambda x, y, op=op, lay=layout: op(x, y, "x", w_layout=lay),
+                            mesh=mesh, in_specs=(P(), P()), out_specs=P(), check_vma=False))
+                        times[mode] = device_time.kernel_seconds(f, a, weight,
+                                                                 calls=iters).seconds
+                    finally:
+                        restore()
+                out = f(a, weight)
                 err = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
-                            / jnp.linalg.norm(ref.astype(jnp.float32)))
+                            / jnp.linalg.norm(ref))
                 rows.append({"bench": "fused", "op": name, "shape": f"{m}x{n}x{k}",
-                             "layout": layout, "ours_us": seconds * 1e6,
-                             "tile_us": tile_s * 1e6, "dot_us": layout_dot_s * 1e6,
-                             "vs_dot": seconds / layout_dot_s, "vs_tile": seconds / tile_s,
-                             "rel_err": err})
+                             "layout": layout, "ours_us": times["gpu"] * 1e6,
+                             "table_us": times["off"] * 1e6, "tile_us": tile_s * 1e6,
+                             "dot_us": dot_s * 1e6, "vs_dot": times["gpu"] / dot_s,
+                             "table_vs_dot": times["off"] / dot_s,
+                             "vs_tile": times["gpu"] / tile_s, "rel_err": err})
     return rows
 
 
@@ -200,10 +223,10 @@ COLUMNS = {
              ("heap_gbps", "heap GB/s", ".0f"), ("d2d_gbps", "d2d GB/s", ".0f"),
              ("ratio", "heap/d2d", ".3f")],
     "fused": [("op", "op", ""), ("shape", "MxNxK", ""), ("layout", "w", ""),
-              ("ours_us", "ours us", ".1f"),
+              ("table_us", "table us", ".1f"), ("ours_us", "tuned us", ".1f"),
               ("tile_us", "tile us", ".1f"), ("dot_us", "jnp.dot us", ".1f"),
-              ("vs_tile", "ours/tile", ".3f"), ("vs_dot", "ours/dot", ".3f"),
-              ("rel_err", "rel err", ".1e")],
+              ("table_vs_dot", "table/dot", ".3f"), ("vs_dot", "tuned/dot", ".3f"),
+              ("vs_tile", "tuned/tile", ".3f"), ("rel_err", "rel err", ".1e")],
 }
 
 __all__ = ["run", "COLUMNS", "bump_kernel", "launch_overhead", "copy_bandwidth",

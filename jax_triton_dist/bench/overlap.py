@@ -1,0 +1,180 @@
+"""A one-GPU proxy for overlap: the ranks of a fused op sharing one GPU, against the same
+ranks' local GEMMs alone.
+
+Each fused op runs at 2, 4 and 8 ranks concurrently on one GPU
+(``one_gpu.time_ranks``: a stream per rank, the persistent variant with ``programs /
+ranks`` programs each, so that every rank's programs are resident at once). The baseline
+is the same ranks running only their local GEMM (``kernels/gemm.py``, persistent, the same
+tiles, grid and operand shapes) the same way. The ratio fused / GEMM-alone is what the
+flags, waits and peer reads cost when the ranks share the GPU's SMs and memory; it says
+nothing about NVLink. The collectives run the same way against copy-engine copies
+(``cuMemcpyDtoDAsync``, a stream per rank) of the bytes each rank gathers.
+
+Times are makespans: from an event before the ranks' launches to the last rank's end.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+import triton
+
+from jax_triton_dist import one_gpu, tiles
+from jax_triton_dist.kernels.exchange import push_exchange_kernel
+from jax_triton_dist.kernels.gemm import matmul_kernel
+from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
+from jax_triton_dist.kernels.gemm_collectives import (
+    all_gather_matmul_kernel,
+    matmul_reduce_scatter_kernel,
+)
+
+# Per-rank GEMMs of a TP8 Llama-style MLP (M, N, K): AG+GEMM gathers M rows, GEMM+RS
+# scatters M rows, GEMM+AR is the decode shape.
+SHAPES = {"all_gather_matmul": (8192, 1376, 4096), "matmul_reduce_scatter": (8192, 4096, 1376),
+          "matmul_all_reduce": (128, 4096, 1376)}
+TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
+DECODE_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}
+WARPS = {"all_gather_matmul": 8, "matmul_reduce_scatter": 8, "matmul_all_reduce": 4}
+
+
+def _bf16(rng, shape, scale=1.0):
+    """Random bfloat16 values as uint16 bit patterns (one_gpu moves raw bytes)."""
+    values = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return (values.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
+    """``one_gpu`` arguments of the fused op at ``world`` ranks (bf16 as uint16 bits)."""
+    m, n, k = SHAPES[op]
+    tile = DECODE_TILE if op == "matmul_all_reduce" else TILE
+    rng = np.random.default_rng(0)
+    common = {**tile, "PERSISTENT": True}
+    if op == "all_gather_matmul":
+        rows = m // world
+        x, w, bias = _bf16(rng, (rows, k)), _bf16(rng, (k, n), k ** -0.5), _bf16(rng, (1,))
+        return dict(kernel=all_gather_matmul_kernel, inputs=lambda c, r: [x, w, bias],
+                    outputs=[((m, n), np.uint16)], workspaces=[((2, world), np.int32)],
+                    symmetric=[0], kwargs=dict(m=rows, N=n, K=k, R=rows, stride_wk=n,
+                                               stride_wn=1, **common))
+    if op == "matmul_reduce_scatter":
+        seg = m // world
+        x, w, bias = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5), _bf16(rng, (1,))
+        per_segment = triton.cdiv(seg, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
+        return dict(kernel=matmul_reduce_scatter_kernel, inputs=lambda c, r: [x, w, bias],
+                    outputs=[((seg, n), np.uint16)],
+                    workspaces=[((2, world, seg, n), np.float32),
+                                ((2, world, per_segment), np.int32)],
+                    symmetric=[], kwargs=dict(seg=seg, N=n, K=k, R=seg, stride_wk=n,
+                                              stride_wn=1, **common))
+    x, w = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5)
+    num_tiles = triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
+    return dict(kernel=matmul_all_reduce_kernel, inputs=lambda c, r: [x, w],
+                outputs=[((m, n), np.uint16)],
+                workspaces=[((2, world, m, n), np.float32), ((2, world, num_tiles), np.int32)],
+                symmetric=[], kwargs=dict(M=m, N=n, K=k, stride_am=k, stride_ak=1,
+                                          stride_bk=n, stride_bn=1, **common))
+
+
+def _gemm_job(op: str) -> dict[str, Any]:
+    """The same ranks' local GEMM alone: ``[M, K] @ [K, N]`` of the op's shape."""
+    m, n, k = SHAPES[op]
+    tile = DECODE_TILE if op == "matmul_all_reduce" else TILE
+    rng = np.random.default_rng(0)
+    a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5)
+    return dict(kernel=matmul_kernel, inputs=lambda c, r: [a, b], outputs=[((m, n), np.uint16)],
+                workspaces=[], symmetric=[],
+                kwargs=dict(M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n, stride_bn=1,
+                            stride_cm=n, stride_cn=1, **tile, PERSISTENT=True))
+
+
+def _time(job: dict[str, Any], world: int, programs: int, iters: int) -> float:
+    kernel = job.pop("kernel")
+    seconds = one_gpu.time_ranks(kernel, world, grid=(programs,), calls=iters, **job)
+    return statistics.median(seconds)
+
+
+def fused(worlds: list[int], iters: int) -> list[dict[str, Any]]:
+    """Each fused op vs the local GEMMs alone, at each rank count."""
+    rows = []
+    for op in SHAPES:
+        for world in worlds:
+            programs = max(1, tiles.fill_programs() // world)
+            fused_s = _time(_fused_job(op, world, programs), world, programs, iters)
+            gemm_s = _time(_gemm_job(op), world, programs, iters)
+            m, n, k = SHAPES[op]
+            rows.append({"bench": "fused", "op": op, "ranks": world, "shape": f"{m}x{n}x{k}",
+                         "programs": programs, "fused_us": fused_s * 1e6,
+                         "gemm_us": gemm_s * 1e6, "ratio": fused_s / gemm_s})
+    return rows
+
+
+def collectives(worlds: list[int], sizes: list[int], iters: int) -> list[dict[str, Any]]:
+    """all_gather (the push exchange) vs copy-engine copies of the bytes each rank
+    gathers, at each rank count and per-rank size (bytes)."""
+    from jax_triton_dist.runtime import cuda_driver
+
+    drv = cuda_driver.driver()
+    rows = []
+    for world in worlds:
+        for size in sizes:
+            n = size // 4
+            block, programs = tiles.exchange_block(n)
+            x = np.random.default_rng(world).standard_normal(n).astype(np.float32)
+            seconds = one_gpu.time_ranks(
+                push_exchange_kernel, world, inputs=lambda c, r, x=x: [x],
+                outputs=[((world, n), np.float32)],
+                workspaces=[((2, world, n), np.float32), ((2, world, programs), np.int32)],
+                grid=(programs,), kwargs=dict(n=n, SEND_CHUNKS=False, REDUCE="none",
+                                              BLOCK=block), calls=iters)
+            copy_s = _copy_makespan(drv, world, size, iters)
+            rows.append({"bench": "collective", "op": "all_gather", "ranks": world,
+                         "bytes": size, "ours_us": statistics.median(seconds) * 1e6,
+                         "copy_us": copy_s * 1e6,
+                         "ratio": statistics.median(seconds) / copy_s})
+    return rows
+
+
+def _copy_makespan(drv, world: int, size: int, iters: int, device: int = 0) -> float:
+    """Median makespan of every rank copying ``world`` blocks of ``size`` bytes into its
+    output, on a stream per rank."""
+    blocks = [drv.alloc(device, size) for _ in range(world)]
+    outs = [drv.alloc(device, world * size) for _ in range(world)]
+    streams = [drv.stream_create(device) for _ in range(world)]
+    start, ends = drv.event_create(device), [drv.event_create(device) for _ in range(world)]
+    try:
+        samples = []
+        for it in range(iters + 2):
+            drv.event_record(device, start, streams[0])
+            for rank in range(world):
+                for src in range(world):
+                    drv.copy_async(device, outs[rank] + src * size, blocks[src], size,
+                                   streams[rank])
+                drv.event_record(device, ends[rank], streams[rank])
+            elapsed = max(drv.event_elapsed_ms(device, start, end) for end in ends) / 1e3
+            if it >= 2:
+                samples.append(elapsed)
+        return statistics.median(samples)
+    finally:
+        for stream in streams:
+            drv.stream_synchronize(device, stream)
+        for event in (start, *ends):
+            drv.event_destroy(device, event)
+        for buf in blocks + outs:
+            drv.free(device, buf)
+
+
+def run(worlds: list[int], iters: int, sizes: list[int]) -> list[dict[str, Any]]:
+    """Both parts; needs a GPU."""
+    return fused(worlds, iters) + collectives(worlds, sizes, iters)
+
+
+COLUMNS = {
+    "fused": [("op", "op", ""), ("ranks", "ranks", "d"), ("shape", "MxNxK", ""),
+              ("programs", "programs", "d"), ("fused_us", "fused us", ".1f"),
+              ("gemm_us", "GEMM alone us", ".1f"), ("ratio", "fused/GEMM", ".3f")],
+    "collective": [("op", "op", ""), ("ranks", "ranks", "d"), ("bytes", "bytes/rank", "d"),
+                   ("ours_us", "ours us", ".1f"), ("copy_us", "copies us", ".1f"),
+                   ("ratio", "ours/copies", ".3f")],
+}
