@@ -3,8 +3,10 @@
 # packages, run the GPU tier and the compile tests, run the GPU benchmarks; logs and JSON
 # go to $OUT (or ./gpu_out): setup.log, tests.log, checks.log, bench.log, bench_*.json.
 #
-#   GPU_CHECK_BENCH="single-gpu collectives gemm"   benchmark suites to run (default: all;
-#                                                    "" runs none)
+#   GPU_CHECK_BENCH="single-gpu collectives gemm overlap"   benchmark suites to run
+#                                                    (default: all; "" runs none)
+#   GPU_CHECK_BENCH_ARGS_<suite>="..."               replaces a suite's arguments (suite
+#                                                    name with - as _, e.g. _single_gpu)
 #   GPU_CHECK_TESTS="..."                            pytest selection (default: GPU tier)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +15,10 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export JTD_WAIT_TIMEOUT=${JTD_WAIT_TIMEOUT:-20}
-BENCH=${GPU_CHECK_BENCH-single-gpu collectives gemm}
-TESTS=${GPU_CHECK_TESTS-tests/test_gpu.py tests/test_gpu_faults.py tests/test_gpu_tooling.py tests/test_one_gpu.py tests/test_shmem.py tests/test_nvshmem.py tests/test_cuda_compile.py tests/test_device_abi.py}
+BENCH=${GPU_CHECK_BENCH-single-gpu collectives gemm overlap}
+TESTS=${GPU_CHECK_TESTS-tests/test_gpu.py tests/test_gpu_faults.py tests/test_gpu_tooling.py tests/test_gpu_tuning.py tests/test_one_gpu.py tests/test_shmem.py tests/test_nvshmem.py tests/test_cuda_compile.py tests/test_device_abi.py}
+# The autotuner's cache lives in $OUT (fetched with the results; a fresh machine has none).
+export JTD_AUTOTUNE_CACHE=${JTD_AUTOTUNE_CACHE:-$OUT/autotune.json}
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -61,11 +65,16 @@ for suite in $BENCH; do
   echo "== bench $suite"
   case $suite in
     collectives) args="--iters 20" ;;
-    gemm) args="--iters 5" ;;
-    *) args="--iters 10" ;;
+    gemm) args="--iters 20" ;;
+    overlap) args="--iters 10" ;;
+    *) args="--iters 20" ;;
   esac
+  override="GPU_CHECK_BENCH_ARGS_${suite//-/_}"
+  args=${!override-$args}
   # shellcheck disable=SC2086
-  python3 -m jax_triton_dist.bench "$suite" --platform gpu $args \
+  platform="--platform gpu"
+  [ "$suite" = overlap ] && platform=""  # always on the GPU
+  python3 -m jax_triton_dist.bench "$suite" $platform $args \
     --json "$OUT/bench_${suite//-/_}.json" 2>&1 | tee -a "$OUT/bench.log" | tail -40
 done
 exit "$tests_rc"

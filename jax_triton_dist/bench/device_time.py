@@ -38,8 +38,13 @@ class KernelTimes:
                 f"{self.source}, kernels={self.kernels})")
 
 
+_SUMMARY_LINES = ("XLA", "Launch", "Step", "Framework", "Source")
+
+
 def _device_events(path: str) -> list[tuple[int, int, str]]:
-    """``(start_ns, duration_ns, name)`` of every kernel on a GPU plane of a trace."""
+    """``(start_ns, duration_ns, name)`` of every kernel on a GPU plane of a trace: the
+    events of its stream lines (its summary lines — XLA ops and modules, launch stats —
+    repeat them)."""
     from jax.profiler import ProfileData
 
     data = ProfileData.from_file(path)
@@ -47,11 +52,12 @@ def _device_events(path: str) -> list[tuple[int, int, str]]:
     for plane in data.planes:
         if not plane.name.startswith("/device:GPU"):
             continue
-        for line in plane.lines:
-            # Stream lines hold the kernels; XLA's summary lines ("XLA Ops", "XLA Modules",
-            # "Launch Stats", ...) repeat them.
-            if not line.name.startswith("Stream"):
-                continue
+        lines = list(plane.lines)
+        streams = [line for line in lines if line.name.startswith("Stream")]
+        if not streams:
+            streams = [line for line in lines
+                       if not any(word in line.name for word in _SUMMARY_LINES)]
+        for line in streams:
             for event in line.events:
                 if any(word in event.name for word in _NOT_KERNELS):
                     continue
