@@ -98,7 +98,7 @@ def _choose(site: call_site.CallSite, team: call_site.TeamState, device: int,
     def rank_thread(rank: int) -> None:
         region, ctx = team.region[rank]
         try:
-            site.choose(team, rank, "gpu", kind, lambda index: cuda_dispatch.measure(
+            site.choose(team, rank, "gpu", kind, lambda index: cuda_dispatch.Trial(
                 site, team, rank, device, region, ctx, args[rank], rets[rank], index))
         except Exception as error:  # raised on the caller's thread below
             errors.append(error)

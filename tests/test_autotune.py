@@ -247,9 +247,16 @@ def test_select_reduces_by_the_slowest_rank(monkeypatch):
             return [round(times[r][index] * 1e9) for r in (0, 1)]
         return gather
 
+    class Trial(tuning.Trial):
+        def __init__(self, rank, index):
+            self.seconds = times[rank][index]
+
+        def run(self):
+            return self.seconds
+
     monkeypatch.setenv("JTD_AUTOTUNE_CACHE", "")  # the ranks run one after another here
     for rank in (0, 1):
         chosen = tuning.select(tuner, variants, "k", rank, {"case": "scripted"}, "cpu",
-                               gather_for(rank), lambda index, r=rank: times[r][index])
+                               gather_for(rank), lambda index, r=rank: Trial(r, index))
         assert chosen == 2
     assert gathered["tune/1"] == {0: round(1e9), 1: round(4e9)}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import triton
 
@@ -39,14 +40,16 @@ DECODE_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}
 WARPS = {"all_gather_matmul": 8, "matmul_reduce_scatter": 8, "matmul_all_reduce": 4}
 
 
+BF16 = np.dtype(jnp.bfloat16)
+
+
 def _bf16(rng, shape, scale=1.0):
-    """Random bfloat16 values as uint16 bit patterns (one_gpu moves raw bytes)."""
-    values = (rng.standard_normal(shape) * scale).astype(np.float32)
-    return (values.view(np.uint32) >> 16).astype(np.uint16)
+    """Random bfloat16 values (NumPy arrays of ml_dtypes' bfloat16)."""
+    return (rng.standard_normal(shape) * scale).astype(np.float32).astype(BF16)
 
 
 def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
-    """``one_gpu`` arguments of the fused op at ``world`` ranks (bf16 as uint16 bits)."""
+    """``one_gpu`` arguments of the fused op at ``world`` ranks (bfloat16)."""
     m, n, k = SHAPES[op]
     tile = DECODE_TILE if op == "matmul_all_reduce" else TILE
     rng = np.random.default_rng(0)
@@ -55,7 +58,7 @@ def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
         rows = m // world
         x, w, bias = _bf16(rng, (rows, k)), _bf16(rng, (k, n), k ** -0.5), _bf16(rng, (1,))
         return dict(kernel=all_gather_matmul_kernel, inputs=lambda c, r: [x, w, bias],
-                    outputs=[((m, n), np.uint16)], workspaces=[((2, world), np.int32)],
+                    outputs=[((m, n), BF16)], workspaces=[((2, world), np.int32)],
                     symmetric=[0], kwargs=dict(m=rows, N=n, K=k, R=rows, stride_wk=n,
                                                stride_wn=1, **common))
     if op == "matmul_reduce_scatter":
@@ -63,7 +66,7 @@ def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
         x, w, bias = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5), _bf16(rng, (1,))
         per_segment = triton.cdiv(seg, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
         return dict(kernel=matmul_reduce_scatter_kernel, inputs=lambda c, r: [x, w, bias],
-                    outputs=[((seg, n), np.uint16)],
+                    outputs=[((seg, n), BF16)],
                     workspaces=[((2, world, seg, n), np.float32),
                                 ((2, world, per_segment), np.int32)],
                     symmetric=[], kwargs=dict(seg=seg, N=n, K=k, R=seg, stride_wk=n,
@@ -71,7 +74,7 @@ def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
     x, w = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5)
     num_tiles = triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
     return dict(kernel=matmul_all_reduce_kernel, inputs=lambda c, r: [x, w],
-                outputs=[((m, n), np.uint16)],
+                outputs=[((m, n), BF16)],
                 workspaces=[((2, world, m, n), np.float32), ((2, world, num_tiles), np.int32)],
                 symmetric=[], kwargs=dict(M=m, N=n, K=k, stride_am=k, stride_ak=1,
                                           stride_bk=n, stride_bn=1, **common))
@@ -83,7 +86,7 @@ def _gemm_job(op: str) -> dict[str, Any]:
     tile = DECODE_TILE if op == "matmul_all_reduce" else TILE
     rng = np.random.default_rng(0)
     a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5)
-    return dict(kernel=matmul_kernel, inputs=lambda c, r: [a, b], outputs=[((m, n), np.uint16)],
+    return dict(kernel=matmul_kernel, inputs=lambda c, r: [a, b], outputs=[((m, n), BF16)],
                 workspaces=[], symmetric=[],
                 kwargs=dict(M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n, stride_bn=1,
                             stride_cm=n, stride_cn=1, **tile, PERSISTENT=True))

@@ -170,16 +170,9 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
     def launch(variant: tuning.Variant) -> None:
         _launch(site, team, rank, device_ordinal, variant, arg_ptrs, ret_ptrs)
 
-    def measure(index: int) -> float:
-        # Every rank's epochs advance by the same count, whether the variant runs or fails.
-        base = team.epochs.get(device_ordinal, 0)
-        try:
-            return _measure(site.tuner, lambda: launch(site.variants[index]))
-        finally:
-            team.epochs[device_ordinal] = base + site.tuner.warmup + site.tuner.rep
-
     first = device_ordinal not in team.epochs
-    variant = site.choose(team, rank, "cpu", "cpu", measure)
+    variant = site.choose(team, rank, "cpu", "cpu", lambda index: _Trial(
+        site.tuner, team, device_ordinal, lambda: launch(site.variants[index])))
     if first:
         launch_log.plan(site, variant, device_ordinal, rank, team, "host")
         if debug_settings.dump_ir_dir() is not None:
@@ -187,17 +180,28 @@ def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[
     launch(variant)
 
 
-def _measure(tuner: tuning.Autotuned, launch: Callable[[], None]) -> float:
-    """Seconds per launch in the interpreter: the median of ``tuner.rep`` timed launches
-    after ``tuner.warmup`` untimed ones."""
-    for _ in range(tuner.warmup):
-        launch()
-    times = []
-    for _ in range(tuner.rep):
-        start = time.perf_counter()
-        launch()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+class _Trial(tuning.Trial):
+    """The autotuner's timing of one variant by one rank in the interpreter: the median
+    of ``tuner.rep`` timed launches after ``tuner.warmup`` untimed ones. The rank's epochs
+    advance by that count, whether the variant runs or fails."""
+
+    def __init__(self, tuner: tuning.Autotuned, team: call_site.TeamState, device: int,
+                 launch: Callable[[], None]):
+        self.tuner, self.team, self.device, self.launch = tuner, team, device, launch
+        self.end = team.epochs.get(device, 0) + tuner.warmup + tuner.rep
+
+    def run(self) -> float:
+        try:
+            for _ in range(self.tuner.warmup):
+                self.launch()
+            times = []
+            for _ in range(self.tuner.rep):
+                start = time.perf_counter()
+                self.launch()
+                times.append(time.perf_counter() - start)
+            return statistics.median(times)
+        finally:
+            self.team.epochs[self.device] = self.end
 
 
 def _launch(site: call_site.CallSite, team: call_site.TeamState, rank: int,

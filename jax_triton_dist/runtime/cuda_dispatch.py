@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
 __all__ = ["plan", "log_launch", "bind_context", "ensure_shmem", "regions", "compile_site",
-           "kernel_params", "Loaded", "measure", "device_kind", "launcher", "error_record",
+           "kernel_params", "Loaded", "Trial", "device_kind", "launcher", "error_record",
            "take_failure", "check_errors"]
 
 _compile_lock = threading.Lock()
@@ -334,31 +334,41 @@ class Loaded:
         self.params = kernel_params(site, variant, self.signature, region)
 
 
-def measure(site: call_site.CallSite, team: call_site.TeamState, rank: int, device: int,
-            region: int, ctx: int, args: list[int], rets: list[int], index: int) -> float:
-    """Seconds per launch of variant ``index`` by ``rank`` on ``device`` (the median of the
-    tuner's timed launches, CUDA events on a stream of its own), on the call's buffers
-    (``args[0]``: the coordinates); the rank's epochs (``team.epochs[rank]``) advance."""
-    drv = cuda_driver.driver()
-    tuner = site.tuner
-    # Every rank's epochs advance by the same count, whether the variant runs or fails.
-    first = team.epochs.get(rank, 0) + 1
-    team.epochs[rank] = first + tuner.warmup + tuner.rep - 1
-    loaded = Loaded(site, site.variants[index], device, region, ctx, _sharing(team, device))
-    stream = drv.stream_create(device)
-    try:
-        handle = _cuda.time_launches(
-            device, loaded.function, loaded.grid, loaded.block, loaded.kernel.metadata.shared,
-            loaded.params, ctx + device_abi.EPOCH_OFFSET, first, args, rets, tuner.warmup,
-            tuner.rep, stream)
-        ms = _cuda.timed_results(handle)
-    finally:
-        drv.stream_synchronize(device, stream)
-        drv.module_unload(device, loaded.module)
-    failure = take_failure(device, site.call_id, site.label)
-    if failure:
-        raise RuntimeError(failure)
-    return float(np.median(ms)) / 1e3
+class Trial(tuning.Trial):
+    """The autotuner's timing of one variant by one rank on ``device``, on the call's
+    buffers (``args[0]``: the coordinates): the median of the tuner's timed launches
+    (CUDA events, a stream of its own). The rank's epochs (``team.epochs[rank]``) advance
+    by the launches it makes, whether the variant runs or fails."""
+
+    def __init__(self, site: call_site.CallSite, team: call_site.TeamState, rank: int,
+                 device: int, region: int, ctx: int, args: list[int], rets: list[int],
+                 index: int):
+        self.site, self.device, self.ctx, self.args, self.rets = site, device, ctx, args, rets
+        tuner = site.tuner
+        self.first = team.epochs.get(rank, 0) + 1
+        team.epochs[rank] = self.first + tuner.warmup + tuner.rep - 1
+        self.loaded = Loaded(site, site.variants[index], device, region, ctx,
+                             _sharing(team, device))
+
+    def run(self) -> float:
+        drv, loaded, tuner = cuda_driver.driver(), self.loaded, self.site.tuner
+        stream = drv.stream_create(self.device)
+        try:
+            handle = _cuda.time_launches(
+                self.device, loaded.function, loaded.grid, loaded.block,
+                loaded.kernel.metadata.shared, loaded.params,
+                self.ctx + device_abi.EPOCH_OFFSET, self.first, self.args, self.rets,
+                tuner.warmup, tuner.rep, stream)
+            ms = _cuda.timed_results(handle)
+        finally:
+            drv.stream_synchronize(self.device, stream)
+        failure = take_failure(self.device, self.site.call_id, self.site.label)
+        if failure:
+            raise RuntimeError(failure)
+        return float(np.median(ms)) / 1e3
+
+    def close(self) -> None:
+        cuda_driver.driver().module_unload(self.device, self.loaded.module)
 
 
 def _sharing(team: call_site.TeamState, device: int) -> int:
@@ -392,8 +402,8 @@ def _plan(call_id: int, device: int, args: list[int], rets: list[int]) -> None:
         rank, team = site.join(coords, device, shmem.wait_timeout(), regions)
     region, ctx = team.region[rank]
     variant = site.choose(team, rank, "gpu", device_kind(device) if site.tuner else "gpu",
-                          lambda index: measure(site, team, rank, device, region, ctx, args,
-                                                rets, index))
+                          lambda index: Trial(site, team, rank, device, region, ctx, args,
+                                              rets, index))
     loaded = Loaded(site, variant, device, region, ctx, _sharing(team, device))
     ir_dump.dump(site, variant, device, loaded.kernel, loaded.signature, "cuda")
     launch_log.plan(site, variant, device, rank, team, heap.running_backend())

@@ -32,7 +32,8 @@ from typing import Any
 
 from jax_triton_dist.runtime import debug_settings, launch_log, tuning_cache
 
-__all__ = ["AUTOTUNE_ENV", "MODES", "Config", "Autotuned", "Variant", "TuningRecord", "mode",
+__all__ = ["AUTOTUNE_ENV", "MODES", "Config", "Autotuned", "Variant", "TuningRecord", "Trial",
+           "mode",
            "check_environment", "variants_of", "select"]
 
 AUTOTUNE_ENV = "JTD_AUTOTUNE"
@@ -255,9 +256,22 @@ def variants_of(configs: Sequence[Config] | None, kwargs: dict[str, Any],
 
 Gather = Callable[[str, int], list[int]]
 """``gather(tag, value)``: every team rank's value, in rank order (a collective call)."""
-Measure = Callable[[int], float]
-"""``measure(index)``: this rank's seconds per launch of variant ``index`` (raises if the
-variant cannot run)."""
+class Trial:
+    """One rank's timing of one variant: made (compiled, loaded) before the team starts
+    it, :meth:`run` once every rank has its own made, :meth:`close` once every rank has
+    run (on one GPU, loading or unloading a module can wait for kernels still running)."""
+
+    def run(self) -> float:
+        """Seconds per launch on this rank (raises if the variant cannot run)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases what the trial made."""
+
+
+Measure = Callable[[int], Trial]
+"""``measure(index)``: this rank's :class:`Trial` of variant ``index`` (raises if the
+variant cannot be made)."""
 
 
 def select(tuner: Autotuned, variants: Sequence[Variant], label: str, rank: int,
@@ -297,17 +311,22 @@ def _time_variants(tuner: Autotuned, variants: Sequence[Variant], label: str, ra
     start = time.monotonic()
     times: list[float | None] = []
     for index, variant in enumerate(variants):
-        gather(f"tune/{index}/start", 0)  # the ranks start each variant together
+        trial, mine = None, -1
         try:
-            seconds = measure(index)
+            trial = measure(index)
+            gather(f"tune/{index}/start", 0)  # every rank made its trial: start together
+            seconds = trial.run()
             if tuner.timer is not None:
                 seconds = float(tuner.timer(variant.config, rank, seconds))
             mine = max(1, round(seconds * 1e9))
         except Exception as error:  # a config that does not compile or run here
+            if trial is None:
+                gather(f"tune/{index}/start", 0)
             _log(f"jtd autotune kernel={label} rank={rank} config={index + 1}/{len(variants)} "
                  f"failed ({variant.config}): {type(error).__name__}: {error}", True)
-            mine = -1
         everyone = gather(f"tune/{index}", mine)
+        if trial is not None:
+            trial.close()
         times.append(None if min(everyone) < 0 else max(everyone) / 1e9)
         if rank == 0:
             done = [t for t in times if t is not None]
