@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import struct
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +42,7 @@ from jax_triton_dist.runtime import (
     call_site,
     cuda_dispatch,
     cuda_driver,
+    launch_log,
     timeline_capture,
     tuning,
 )
@@ -89,28 +89,58 @@ def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs,
 
 def _choose(site: call_site.CallSite, team: call_site.TeamState, device: int,
             args: list[list[int]], rets: list[list[int]]) -> tuning.Variant:
-    """Each rank chooses on a thread of its own (the tuner's collective choice)."""
-    if len(site.variants) == 1:
-        return site.variants[0]
-    kind = cuda_dispatch.device_kind(device)
-    errors = []
+    """The variant every rank runs. An autotuned kernel's ranks are timed together from
+    this thread: each variant is loaded for every rank, every rank's timed launches are
+    enqueued on its stream, then all are waited for (``tuning.select_for_team``)."""
+    world = len(team.pes)
+    if len(site.variants) > 1:
+        def measure_team(index: int) -> list[float | None]:
+            trials: list[cuda_dispatch.Trial | None] = []
+            for rank, (region, ctx) in enumerate(team.region):
+                try:
+                    trials.append(cuda_dispatch.Trial(site, team, rank, device, region, ctx,
+                                                      args[rank], rets[rank], index))
+                except Exception as error:  # every rank's launches need every rank's
+                    _skip(site, index, rank, error)
+                    trials.append(None)
+            if any(t is None for t in trials):
+                for trial in trials:
+                    if trial is not None:
+                        trial.close()
+                return [None] * world
+            times: list[float | None] = []
+            try:
+                for trial in trials:
+                    trial.start()
+                for rank, trial in enumerate(trials):
+                    try:
+                        times.append(trial.finish())
+                    except Exception as error:
+                        _skip(site, index, rank, error)
+                        times.append(None)
+            except Exception as error:  # an enqueue failed: the rest cannot be waited for
+                _skip(site, index, len(times), error)
+                for trial in trials:
+                    if getattr(trial, "stream", None) is not None:
+                        cuda_driver.driver().stream_synchronize(device, trial.stream)
+                times = [None] * world
+            finally:
+                for trial in trials:
+                    trial.close()
+            return times
 
-    def rank_thread(rank: int) -> None:
-        region, ctx = team.region[rank]
-        try:
-            site.choose(team, rank, "gpu", kind, lambda index: cuda_dispatch.Trial(
-                site, team, rank, device, region, ctx, args[rank], rets[rank], index))
-        except Exception as error:  # raised on the caller's thread below
-            errors.append(error)
-
-    threads = [threading.Thread(target=rank_thread, args=(r,)) for r in range(len(team.pes))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+        index = tuning.select_for_team(
+            site.tuner, site.variants, site.label, world,
+            site.tuning_key(cuda_dispatch.device_kind(device)), "gpu", measure_team)
+        for rank in range(world):
+            team.choice[rank] = index
     return site.variant(team, 0)
+
+
+def _skip(site: call_site.CallSite, index: int, rank: int, error: Exception) -> None:
+    launch_log.emit(f"jtd autotune kernel={site.label} rank={rank} "
+                    f"config={index + 1}/{len(site.variants)} failed "
+                    f"({site.variants[index].config}): {type(error).__name__}: {error}")
 
 
 class _Job:

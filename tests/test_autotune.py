@@ -260,3 +260,21 @@ def test_select_reduces_by_the_slowest_rank(monkeypatch):
                                gather_for(rank), lambda index, r=rank: Trial(r, index))
         assert chosen == 2
     assert gathered["tune/1"] == {0: round(1e9), 1: round(4e9)}
+
+
+def test_select_for_a_team_driven_by_one_thread(monkeypatch):
+    """one_gpu's choice: every rank timed at once; a variant failing on one rank is out."""
+    monkeypatch.setenv("JTD_AUTOTUNE_CACHE", "")
+    variants = tuning.variants_of([tuning.Config({"B": b}) for b in (1, 2, 3)], {}, {},
+                                  lambda meta: (1,))
+    tuner = tuning.Autotuned(tuned_shift.make().kernel, tuple(v.config for v in variants))
+    per_rank = {0: [1.0, 5.0, None], 1: [3.0, 2.0, 0.5], 2: [2.0, 2.5, 0.5]}  # max: 3, 5, -
+    chosen = tuning.select_for_team(tuner, variants, "k", 3, {"case": "team"}, "gpu",
+                                    lambda index: [per_rank[r][index] for r in range(3)])
+    assert chosen == 0
+    assert [(r.rank, r.index, r.source) for r in tuner.records] == [
+        (0, 0, "tuned"), (1, 0, "tuned"), (2, 0, "tuned")]
+    assert tuner.records[0].times == (3.0, 5.0, None)
+    monkeypatch.setenv("JTD_AUTOTUNE", "off")
+    assert tuning.select_for_team(tuner, variants, "k", 3, {"case": "team"}, "gpu",
+                                  lambda index: pytest.fail("timed with tuning off")) == 0

@@ -128,18 +128,21 @@ def test_rank_context_on_gpu():
 @requires_gpu
 @pytest.mark.parametrize("m,n,k", [(8192, 1376, 4096), (128, 1376, 4096), (1000, 333, 77)])
 def test_gemm_tiles_match_jnp_dot_on_gpu(m, n, k):
+    """Every config of the autotuner's GEMM space (persistent ones included)."""
+    from jax_triton_dist import tiles
     from jax_triton_dist.bench import gemm
 
     rng = np.random.default_rng(m)
     a = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
     b = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
     mesh = Mesh(np.array(_gpus()[:1]), ("x",))
-    f = jax.jit(jax.shard_map(lambda x, y: gemm.matmul(x, y, gemm.CONFIGS[0]), mesh=mesh,
-                              in_specs=(P(), P()), out_specs=P(), check_vma=False))
-    ours = np.asarray(f(a, b), np.float32)
     ref = np.asarray(jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
                              precision=jax.lax.Precision.HIGHEST))
-    assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-2
+    for config in tiles.gemm_configs(m, n, k):
+        f = jax.jit(jax.shard_map(lambda x, y, c=config: gemm.matmul(x, y, c), mesh=mesh,
+                                  in_specs=(P(), P()), out_specs=P(), check_vma=False))
+        ours = np.asarray(f(a, b), np.float32)
+        assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-2, gemm.describe(config)
 
 
 @triton.jit

@@ -347,21 +347,30 @@ class Trial(tuning.Trial):
         tuner = site.tuner
         self.first = team.epochs.get(rank, 0) + 1
         team.epochs[rank] = self.first + tuner.warmup + tuner.rep - 1
+        self.stream = None
         self.loaded = Loaded(site, site.variants[index], device, region, ctx,
                              _sharing(team, device))
 
     def run(self) -> float:
+        self.start()
+        return self.finish()
+
+    def start(self) -> None:
+        """Enqueues the timed launches (returns at once: the ranks one thread drives start
+        one after another, then finish)."""
         drv, loaded, tuner = cuda_driver.driver(), self.loaded, self.site.tuner
-        stream = drv.stream_create(self.device)
+        self.stream = drv.stream_create(self.device)
+        self.handle = _cuda.time_launches(
+            self.device, loaded.function, loaded.grid, loaded.block,
+            loaded.kernel.metadata.shared, loaded.params, self.ctx + device_abi.EPOCH_OFFSET,
+            self.first, self.args, self.rets, tuner.warmup, tuner.rep, self.stream)
+
+    def finish(self) -> float:
+        """Waits for the launches; seconds per launch."""
         try:
-            handle = _cuda.time_launches(
-                self.device, loaded.function, loaded.grid, loaded.block,
-                loaded.kernel.metadata.shared, loaded.params,
-                self.ctx + device_abi.EPOCH_OFFSET, self.first, self.args, self.rets,
-                tuner.warmup, tuner.rep, stream)
-            ms = _cuda.timed_results(handle)
+            ms = _cuda.timed_results(self.handle)
         finally:
-            drv.stream_synchronize(self.device, stream)
+            cuda_driver.driver().stream_synchronize(self.device, self.stream)
         failure = take_failure(self.device, self.site.call_id, self.site.label)
         if failure:
             raise RuntimeError(failure)

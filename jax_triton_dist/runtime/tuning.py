@@ -33,7 +33,7 @@ from typing import Any
 from jax_triton_dist.runtime import debug_settings, launch_log, tuning_cache
 
 __all__ = ["AUTOTUNE_ENV", "MODES", "Config", "Autotuned", "Variant", "TuningRecord", "Trial",
-           "mode",
+           "select_for_team", "mode",
            "check_environment", "variants_of", "select"]
 
 AUTOTUNE_ENV = "JTD_AUTOTUNE"
@@ -284,25 +284,60 @@ def select(tuner: Autotuned, variants: Sequence[Variant], label: str, rank: int,
     dtypes, ranks, device kind, software versions, config space).
     """
     key = tuning_cache.key_of(cache_key)
-    configs = [v.config.as_dict() for v in variants]
-    cached = tuning_cache.lookup(key)
-    cached_index = configs.index(cached) if cached in configs else -1
+    cached_index = _cached(key, variants)
     wants = tuner.may_tune(platform)
     votes = gather("tune/plan", (cached_index + 1) * 2 + int(wants))
     indices = {v // 2 - 1 for v in votes}
     if len(indices) == 1 and cached_index >= 0:
-        return _record(tuner, label, rank, cached_index, variants, "cache")
+        return _record(tuner, label, [rank], cached_index, variants, "cache")
     if not all(v % 2 for v in votes):
-        return _record(tuner, label, rank, 0, variants, "default")
+        return _record(tuner, label, [rank], 0, variants, "default")
     times = _time_variants(tuner, variants, label, rank, gather, measure)
+    return _choose(tuner, variants, label, [rank], key, cache_key, times)
+
+
+def select_for_team(tuner: Autotuned, variants: Sequence[Variant], label: str,
+                    ranks: int, cache_key: dict[str, Any], platform: str,
+                    measure_team: Callable[[int], list[float | None]]) -> int:
+    """:func:`select` for a team that one thread drives (``one_gpu``):
+    ``measure_team(index)`` times variant ``index`` on every rank at once and returns each
+    rank's seconds (None: it failed there)."""
+    key = tuning_cache.key_of(cache_key)
+    cached_index = _cached(key, variants)
+    if cached_index >= 0:
+        return _record(tuner, label, range(ranks), cached_index, variants, "cache")
+    if not tuner.may_tune(platform):
+        return _record(tuner, label, range(ranks), 0, variants, "default")
+    times = []
+    for index, variant in enumerate(variants):
+        per_rank = measure_team(index)
+        if tuner.timer is not None:
+            per_rank = [None if t is None else float(tuner.timer(variant.config, r, t))
+                        for r, t in enumerate(per_rank)]
+        times.append(None if any(t is None for t in per_rank) else max(per_rank))
+        _progress(times, variant, index, len(variants), label, 0.0)
+    return _choose(tuner, variants, label, range(ranks), key, cache_key, times)
+
+
+def _cached(key: str, variants: Sequence[Variant]) -> int:
+    """Index of the variant stored under ``key``, or -1."""
+    configs = [v.config.as_dict() for v in variants]
+    cached = tuning_cache.lookup(key)
+    return configs.index(cached) if cached in configs else -1
+
+
+def _choose(tuner: Autotuned, variants: Sequence[Variant], label: str, ranks: Sequence[int],
+            key: str, cache_key: dict[str, Any], times: list[float | None]) -> int:
+    """The fastest variant by its slowest rank's time, stored in the cache."""
     usable = [(t, i) for i, t in enumerate(times) if t is not None]
     if not usable:
         raise RuntimeError(f"autotune({label}): no config ran on every rank of the team "
                            f"({len(variants)} tried; the reasons are logged)")
     best = min(usable)[1]
-    tuning_cache.store(key, configs[best], {"kernel": label, "times_us": [
-        None if t is None else round(t * 1e6, 3) for t in times], "call": cache_key})
-    return _record(tuner, label, rank, best, variants, "tuned", tuple(times))
+    tuning_cache.store(key, variants[best].config.as_dict(), {
+        "kernel": label, "times_us": [None if t is None else round(t * 1e6, 3) for t in times],
+        "call": cache_key})
+    return _record(tuner, label, ranks, best, variants, "tuned", tuple(times))
 
 
 def _time_variants(tuner: Autotuned, variants: Sequence[Variant], label: str, rank: int,
@@ -329,13 +364,17 @@ def _time_variants(tuner: Autotuned, variants: Sequence[Variant], label: str, ra
             trial.close()
         times.append(None if min(everyone) < 0 else max(everyone) / 1e9)
         if rank == 0:
-            done = [t for t in times if t is not None]
-            shown = "failed" if times[-1] is None else f"{times[-1] * 1e6:.1f}"
-            best = f"{min(done) * 1e6:.1f}" if done else "-"
-            _log(f"jtd autotune kernel={label} config={index + 1}/{len(variants)} "
-                 f"time_us={shown} best_us={best} ({variant.config})",
-                 time.monotonic() - start > PROGRESS_AFTER_S)
+            _progress(times, variant, index, len(variants), label, start)
     return times
+
+
+def _progress(times: list[float | None], variant: Variant, index: int, count: int,
+              label: str, start: float) -> None:
+    done = [t for t in times if t is not None]
+    shown = "failed" if times[-1] is None else f"{times[-1] * 1e6:.1f}"
+    best = f"{min(done) * 1e6:.1f}" if done else "-"
+    _log(f"jtd autotune kernel={label} config={index + 1}/{count} time_us={shown} "
+         f"best_us={best} ({variant.config})", time.monotonic() - start > PROGRESS_AFTER_S)
 
 
 def _log(message: str, always: bool) -> None:
@@ -343,11 +382,13 @@ def _log(message: str, always: bool) -> None:
         launch_log.emit(message)
 
 
-def _record(tuner: Autotuned, label: str, rank: int, index: int, variants: Sequence[Variant],
-            source: str, times: tuple[float | None, ...] = ()) -> int:
-    tuner.records.append(TuningRecord(label, rank, index, variants[index].config, source,
-                                      times))
-    if rank == 0:
+def _record(tuner: Autotuned, label: str, ranks: Sequence[int], index: int,
+            variants: Sequence[Variant], source: str,
+            times: tuple[float | None, ...] = ()) -> int:
+    for rank in ranks:
+        tuner.records.append(TuningRecord(label, rank, index, variants[index].config, source,
+                                          times))
+    if 0 in ranks:
         _log(f"jtd autotune kernel={label} source={source} config={index + 1}/{len(variants)} "
              f"({variants[index].config})", False)
     return index
