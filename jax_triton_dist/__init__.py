@@ -7,6 +7,8 @@ Public API:
 * :func:`all_gather`, :func:`reduce_scatter`, :func:`all_reduce`, :func:`all_to_all` —
   drop-in replacements for the ``jax.lax`` collectives, and :mod:`jax_triton_dist.lax`,
   the same under ``jax.lax``'s names (``psum``, ``pmean``, ``psum_scatter``, ...);
+* :func:`sequence_parallel_attention`, :func:`flash_decode` — attention across ranks
+  (:mod:`jax_triton_dist.attention`);
 * :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce` —
   GEMM and collective fused in one kernel; :func:`fuse` — the same for unmodified
   ``jax.lax`` code;
@@ -32,7 +34,8 @@ if _importlib_util.find_spec("jax_triton_dist._shmem") is None:
         "installed, run from another directory (Python puts the current directory first "
         "on sys.path); otherwise install it: pip install .")
 
-from jax_triton_dist import autotune, lax, shmem, timeline  # noqa: E402
+from jax_triton_dist import attention, autotune, lax, shmem, timeline  # noqa: E402
+from jax_triton_dist.attention import flash_decode, sequence_parallel_attention  # noqa: E402
 from jax_triton_dist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 from jax_triton_dist.fuse import fuse
 from jax_triton_dist.fused import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
@@ -42,7 +45,7 @@ from jax_triton_dist.triton_call import SUPPORTED_DTYPES, Workspace, axis_size, 
 
 __all__ = [
     "triton_call", "Workspace", "SUPPORTED_DTYPES", "axis_size", "shmem", "lax", "timeline",
-    "autotune",
+    "autotune", "attention", "sequence_parallel_attention", "flash_decode",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "fuse",
     "moe_dispatch", "moe_combine", "MoERouting", "heap_usage", "Usage", "check_errors",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "gemm_tiles", "gemm_configs",
-           "fill_programs", "moe_dispatch_blocks", "moe_combine_blocks"]
+           "fill_programs", "attention_blocks", "moe_dispatch_blocks", "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
 MAX_EXCHANGE_BLOCK = 4096
@@ -96,6 +96,18 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1,
         if config not in configs:
             configs.append(config)
     return configs
+
+
+# (BLOCK_M, BLOCK_N) caps of the attention kernels: query rows and key rows per block.
+_ATTENTION_BLOCKS = {"cuda": (64, 64), "ascend": (32, 32)}
+
+
+def attention_blocks(seq: int, target: str = "cuda") -> dict[str, int]:
+    """``BLOCK_M`` / ``BLOCK_N`` (query and key rows per block) of the attention kernels
+    for ``seq`` local rows, clamped to the problem (at least 16, as ``tl.dot`` needs)."""
+    _check_target(target)
+    bm, bn = _ATTENTION_BLOCKS[target]
+    return {"BLOCK_M": _block(seq, bm), "BLOCK_N": _block(seq, bn)}
 
 
 def moe_dispatch_blocks(rows: int, h: int) -> dict[str, int]:

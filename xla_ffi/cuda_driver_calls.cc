@@ -171,8 +171,9 @@ NB_MODULE(_cuda_driver, m) {
       "event_record",
       [](int device, uintptr_t event, uintptr_t stream) {
         DeviceScope scope(device);
-        Check(D().cuEventRecord(reinterpret_cast<CUevent>(event), reinterpret_cast<CUstream>(stream)),
-              "cuEventRecord");
+        Check(
+            D().cuEventRecord(reinterpret_cast<CUevent>(event), reinterpret_cast<CUstream>(stream)),
+            "cuEventRecord");
       },
       "device"_a, "event"_a, "stream"_a);
   m.def(

@@ -46,7 +46,7 @@ class Case:
     name: str
     kernel: str  # "module:function" of the @triton.jit kernel
     pointers: dict[str, str]  # parameter -> Triton element type ("fp32", "bf16", "i32")
-    scalars: dict[str, int]  # int32 scalar parameters and sample values
+    scalars: dict[str, int | float]  # scalar parameters (int32, or float32 for floats)
     constexprs: dict[str, Any]
     expected: Expected
 
@@ -66,7 +66,7 @@ class Case:
             if name in self.pointers:
                 signature[name] = "*" + self.pointers[name]
             elif name in self.scalars:
-                signature[name] = "i32"
+                signature[name] = "fp32" if isinstance(self.scalars[name], float) else "i32"
             elif name in self.constexprs:
                 signature[name] = "constexpr"
                 constants[name] = self.constexprs[name]
@@ -193,6 +193,35 @@ def _moe(ranks: int) -> list[Case]:
     return [dispatch, combine]
 
 
+def _attention(ranks: int) -> list[Case]:
+    b, s, h, kvh, d = 1, 128, 4, 2, 64  # per rank
+    blocks = tiles.attention_blocks(s, target="ascend")
+    sizes = {"B": b, "H": h, "KVH": kvh, "scale": 0.125}
+    options = dict(blocks, HEAD_DIM=d, CAUSAL=True, ZIGZAG=False)
+    module = "jax_triton_dist.kernels.attention:"
+    grads = {"q_ptr": "bf16", "o_ptr": "bf16", "do_ptr": "bf16", "lse_ptr": "fp32",
+             "k_ptr": "bf16", "v_ptr": "bf16"}
+    return [
+        Case("sequence_parallel_attention", module + "sequence_parallel_attention_kernel",
+             {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "o_ptr": "bf16",
+              "lse_ptr": "fp32", "flags_ptr": "i32"}, dict(sizes, S=s), options,
+             # program 0 announces to every peer; the loop over ranks waits for each
+             Expected(notifies=ranks - 1, waits=ranks)),
+        Case("attention_bwd_dkdv", module + "attention_bwd_dkdv_kernel",
+             dict(grads, dk_ptr="fp32", dv_ptr="fp32"), dict(sizes, SQ=s), options,
+             Expected(0, 0)),
+        Case("attention_bwd_dq", module + "attention_bwd_dq_kernel", dict(grads, dq_ptr="bf16"),
+             dict(sizes, SQ=s), options, Expected(0, 0)),
+        Case("flash_decode", module + "flash_decode_kernel",
+             {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "lengths_ptr": "i32",
+              "o_ptr": "bf16", "slots_o_ptr": "fp32", "slots_lse_ptr": "fp32",
+              "flags_ptr": "i32"}, dict(sizes, S=s),
+             {"HEAD_DIM": d, "GROUP": 16, "BLOCK_N": blocks["BLOCK_N"]},
+             # a partial pushed to every rank (itself included), every rank's waited for
+             Expected(notifies=ranks, waits=ranks)),
+    ]
+
+
 def _device_calls(ranks: int) -> Case:
     # putmem_signal: 1 notify; signal_wait_until: 1 wait; barrier_all: a notify per rank and
     # a wait on every rank's counter; a barrier per notify and per wait call
@@ -208,7 +237,8 @@ def cases(ranks: int) -> list[Case]:
     their persistent form), and a kernel making every ``dl`` SHMEM device call
     (``device_calls``)."""
     return (_push_exchange(ranks) + [_two_shot(ranks), _ring(), _gemm()] + _fused(ranks)
-            + _fused(ranks, persistent=True) + _moe(ranks) + [_device_calls(ranks)])
+            + _fused(ranks, persistent=True) + _moe(ranks) + _attention(ranks)
+            + [_device_calls(ranks)])
 
 
 def case_names() -> list[str]:
