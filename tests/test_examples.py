@@ -11,7 +11,8 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["quickstart.py", "tp_mlp.py", "moe_layer.py"])
+@pytest.mark.parametrize("name", ["quickstart.py", "tp_mlp.py", "moe_layer.py",
+                                  "long_context_attention.py"])
 def test_example_runs(name):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
