@@ -9,7 +9,8 @@ from jax_triton_dist.stress import ops, registry, tolerance
 def test_every_public_op_is_registered():
     assert set(registry()) >= {"all_gather", "reduce_scatter", "all_reduce", "all_to_all",
                                "all_gather_matmul", "matmul_reduce_scatter",
-                               "matmul_all_reduce", "moe"}
+                               "matmul_all_reduce", "moe", "sequence_parallel_attention",
+                               "flash_decode"}
 
 
 def test_tolerances():

@@ -1,4 +1,5 @@
-"""The built-in stress cases: every public collective, fused op and MoE dispatch/combine.
+"""The built-in stress cases: every public collective, fused op, MoE dispatch/combine and
+attention op.
 
 Each ``draw`` returns a case on a one-axis mesh ``"x"``; its reference is the same
 computation with ``jax.lax`` collectives and ``jnp`` on float32 inputs.
@@ -166,6 +167,62 @@ def _moe(rng, n, dtype, scale):
                 (P("x"), P("x"), P("x")), P("x"), "gemm")
 
 
+def _attention_reference(q, k, v, causal):
+    """Per rank: this rank's queries over the gathered keys, masked by global position."""
+    s, group = q.shape[1], q.shape[2] // k.shape[2]
+    k, v = (jnp.repeat(jax.lax.all_gather(_f32(x), "x", axis=1, tiled=True), group, axis=2)
+            for x in (k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", _f32(q), k) / np.sqrt(q.shape[-1])
+    if causal:
+        rows = jax.lax.axis_index("x") * s + jnp.arange(s)
+        scores = jnp.where(jnp.arange(k.shape[1])[None, :] <= rows[:, None], scores, -jnp.inf)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+
+
+def _sequence_parallel_attention(rng, n, dtype, scale):
+    b, s = int(rng.choice([1, 2])), int(rng.choice([2, 4, 8])) * scale
+    kvh = int(rng.choice([1, 2]))
+    h, d = kvh * int(rng.choice([1, 2])), int(rng.choice([16, 32]))
+    causal = bool(rng.integers(2))
+
+    def body(q, k, v):
+        return jtd.sequence_parallel_attention(q, k, v, "x", causal=causal)
+
+    def reference(q, k, v):
+        return _attention_reference(q, k, v, causal)
+
+    spec = P(None, "x")
+    return Case(f"[{b},{s},{h},{d}] kv_heads={kvh} causal={causal}", body, reference,
+                [random_array(rng, (b, n * s, h, d), dtype),
+                 random_array(rng, (b, n * s, kvh, d), dtype),
+                 random_array(rng, (b, n * s, kvh, d), dtype)], (spec,) * 3, spec, "gemm")
+
+
+def _flash_decode(rng, n, dtype, scale):
+    b, s, kvh = int(rng.choice([1, 3])), int(rng.choice([4, 8])) * scale, int(rng.choice([1, 2]))
+    h, d = kvh * int(rng.choice([1, 4])), 16
+    lengths = rng.integers(1, n * s + 1, b).astype(np.int32)
+
+    def body(q, k, v):
+        return jtd.flash_decode(q, k, v, "x", kv_lengths=jnp.asarray(lengths))[None]
+
+    def reference(q, k, v):
+        """Per rank: attention over the gathered cache, up to each row's length."""
+        group = h // kvh
+        kk, vv = (jnp.repeat(jax.lax.all_gather(_f32(x), "x", axis=1, tiled=True), group,
+                             axis=2) for x in (k, v))
+        scores = jnp.einsum("bhd,bshd->bhs", _f32(q), kk) / np.sqrt(d)
+        valid = jnp.arange(n * s)[None, None, :] < jnp.asarray(lengths)[:, None, None]
+        probs = jax.nn.softmax(jnp.where(valid, scores, -jnp.inf), axis=-1)
+        return jnp.einsum("bhs,bshd->bhd", probs, vv)[None]
+
+    return Case(f"[{b},{h},{d}] cache {n * s} kv_heads={kvh}", body, reference,
+                [random_array(rng, (b, h, d), dtype),
+                 random_array(rng, (b, n * s, kvh, d), dtype),
+                 random_array(rng, (b, n * s, kvh, d), dtype)],
+                (P(), P(None, "x"), P(None, "x")), P("x"), "gemm")
+
+
 BUILT_IN = (
     StressOp("all_gather", COLLECTIVE_DTYPES + ("bool", "uint8", "float8_e4m3fn"), _all_gather),
     StressOp("reduce_scatter", COLLECTIVE_DTYPES, _reduce_scatter),
@@ -175,6 +232,9 @@ BUILT_IN = (
     StressOp("matmul_reduce_scatter", GEMM_DTYPES, _matmul_reduce_scatter),
     StressOp("matmul_all_reduce", GEMM_DTYPES, _matmul_all_reduce),
     StressOp("moe", ("float32", "bfloat16"), _moe),
+    StressOp("sequence_parallel_attention", ("float32", "bfloat16"),
+             _sequence_parallel_attention),
+    StressOp("flash_decode", ("float32", "bfloat16"), _flash_decode),
 )
 for _op in BUILT_IN:
     register(_op)
