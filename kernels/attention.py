@@ -161,6 +161,22 @@ def _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL: tl.
 
 
 @triton.jit
+def _query_block(q_ptr, o_ptr, do_ptr, lse_ptr, b, h, offs_m, SQ, H,
+                 HEAD_DIM: tl.constexpr):
+    """A block of query rows for the backward pass: queries, output gradients, the forward
+    pass's log-sum-exps and ``delta = rowsum(dO * O)``; zeros past ``SQ``."""
+    valid_q = offs_m < SQ
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = ((b * SQ + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_ptr + rows, mask=valid_q[:, None], other=0.0)
+    do = tl.load(do_ptr + rows, mask=valid_q[:, None], other=0.0)
+    o = tl.load(o_ptr + rows, mask=valid_q[:, None], other=0.0)
+    lse = tl.load(lse_ptr + (b * SQ + offs_m) * H + h, mask=valid_q, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    return q, do, lse, delta
+
+
+@triton.jit
 def attention_bwd_dkdv_kernel(
     # Pointers
     q_ptr, o_ptr, do_ptr,  # [B, SQ, H, D] this rank's queries, outputs, output gradients
@@ -201,12 +217,8 @@ def attention_bwd_dkdv_kernel(
             offs_m = start + tl.arange(0, BLOCK_M)
             valid_q = offs_m < SQ
             pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
-            rows = ((b * SQ + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
-            q = tl.load(q_ptr + rows, mask=valid_q[:, None], other=0.0)
-            do = tl.load(do_ptr + rows, mask=valid_q[:, None], other=0.0)
-            o = tl.load(o_ptr + rows, mask=valid_q[:, None], other=0.0)
-            lse = tl.load(lse_ptr + (b * SQ + offs_m) * H + h, mask=valid_q, other=0.0)
-            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+            q, do, lse, delta = _query_block(q_ptr, o_ptr, do_ptr, lse_ptr, b, h, offs_m, SQ,
+                                             H, HEAD_DIM)
             p = _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL)
             dv += tl.dot(tl.trans(p).to(do.dtype), do)
             dp = tl.dot(do, tl.trans(v)).to(tl.float32)
@@ -244,12 +256,9 @@ def attention_bwd_dq_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     valid_q = offs_m < SQ
     pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
+    q, do, lse, delta = _query_block(q_ptr, o_ptr, do_ptr, lse_ptr, b, h, offs_m, SQ, H,
+                                     HEAD_DIM)
     rows = ((b * SQ + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(q_ptr + rows, mask=valid_q[:, None], other=0.0)
-    do = tl.load(do_ptr + rows, mask=valid_q[:, None], other=0.0)
-    o = tl.load(o_ptr + rows, mask=valid_q[:, None], other=0.0)
-    lse = tl.load(lse_ptr + (b * SQ + offs_m) * H + h, mask=valid_q, other=0.0)
-    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     for start in range(0, SK, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)

@@ -191,24 +191,33 @@ class CallSite:
         """
         if team.name:
             return rendezvous.process_gather(f"{team.name}/{tag}", self.num_ranks, rank, value)
-        deadline = time.monotonic() + timeout
         with self.cond:
             values = team.gathered.setdefault(tag, [None] * self.num_ranks)
             values[rank] = int(value)
             self.cond.notify_all()
-            while any(v is None for v in values):
-                remaining = deadline - time.monotonic()
-                if _abandoned.is_set():
-                    raise shmem.ShmemAbortedError(
-                        f"kernel {self.label}: rank {rank} stopped waiting for its team "
-                        f"({tag}): {_abandoned.reason}")
-                if remaining <= 0:
-                    missing = [r for r, v in enumerate(values) if v is None]
-                    raise shmem.ShmemTimeoutError(
-                        f"kernel {self.label}: rank {rank} waited {timeout:.1f} s for its "
-                        f"team ({tag}); ranks {missing} never arrived")
-                self.cond.wait(min(remaining, 0.05))
+            self._wait(lambda: all(v is not None for v in values), timeout, f"rank {rank}",
+                       f"its team ({tag})", lambda: [r for r, v in enumerate(values) if v is None])
             return list(values)
+
+    def _wait(self, ready: Callable[[], bool], timeout: float, who: str, what: str,
+              missing: Callable[[], list[int]]) -> None:
+        """Waits on the site's condition (held by the caller) until ``ready()``.
+
+        Raises:
+          ShmemAbortedError: the joins were abandoned (the interpreter is exiting).
+          ShmemTimeoutError: ``timeout`` seconds passed; names the ranks ``missing()``.
+        """
+        deadline = time.monotonic() + timeout
+        while not ready():
+            remaining = deadline - time.monotonic()
+            if _abandoned.is_set():
+                raise shmem.ShmemAbortedError(f"kernel {self.label}: {who} stopped waiting for "
+                                              f"{what}: {_abandoned.reason}")
+            if remaining <= 0:
+                raise shmem.ShmemTimeoutError(
+                    f"kernel {self.label}: {who} waited {timeout:.1f} s for {what}; ranks "
+                    f"{missing()} never arrived")
+            self.cond.wait(min(remaining, 0.05))  # now and then: abandon_joins()
 
     def choose(self, team: TeamState, rank: int, platform: str, device_kind: str,
                measure: tuning.Measure) -> Variant:
@@ -292,20 +301,9 @@ class CallSite:
             if not team.ready and all(p is not None for p in team.pes):
                 team.region = allocate(self, team)
                 self.cond.notify_all()
-            deadline = time.monotonic() + timeout
-            while not team.ready:
-                remaining = deadline - time.monotonic()
-                if _abandoned.is_set():
-                    raise shmem.ShmemAbortedError(
-                        f"kernel {self.label}: rank {rank} (PE {pe}) stopped waiting for the "
-                        f"first run of its team: {_abandoned.reason}")
-                if remaining <= 0:
-                    missing = [r for r, p in enumerate(team.pes) if p is None]
-                    raise shmem.ShmemTimeoutError(
-                        f"kernel {self.label}: rank {rank} (PE {pe}) waited {timeout:.1f} s for "
-                        f"the first run of its team; ranks {missing} never arrived"
-                    )
-                self.cond.wait(min(remaining, 0.05))  # now and then: abandon_joins()
+            self._wait(lambda: team.ready, timeout, f"rank {rank} (PE {pe})",
+                       "the first run of its team",
+                       lambda: [r for r, p in enumerate(team.pes) if p is None])
         return rank, team
 
 
