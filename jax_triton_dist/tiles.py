@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import triton
 
-__all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "gemm_tiles", "gemm_configs",
+__all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
+           "gemm_configs",
            "fill_programs", "attention_blocks", "moe_dispatch_blocks", "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
@@ -39,6 +40,22 @@ def exchange_block(n: int) -> tuple[int, int]:
     per block: one program per ``BLOCK`` elements, ``BLOCK`` at most 4096."""
     block = min(triton.next_power_of_2(max(n, 1)), MAX_EXCHANGE_BLOCK)
     return block, triton.cdiv(max(n, 1), block)
+
+
+def exchange_configs(n: int, target: str = "cuda") -> list[dict[str, int]]:
+    """The autotuner's configs of the exchange kernels for ``n`` elements per block:
+    :func:`exchange_block`'s ``BLOCK`` with 4 warps first, then (CUDA) smaller blocks and
+    8 warps, without repeats. Each is ``{"BLOCK": ..., "num_warps": ...}``."""
+    _check_target(target)
+    first = {"BLOCK": exchange_block(n)[0], "num_warps": 4}
+    configs = [first]
+    if target == "cuda":
+        for block in (MAX_EXCHANGE_BLOCK, 2048, 1024):
+            for warps in (4, 8):
+                config = {"BLOCK": min(block, first["BLOCK"]), "num_warps": warps}
+                if config not in configs:
+                    configs.append(config)
+    return configs
 
 
 def _block(size: int, cap: int) -> int:

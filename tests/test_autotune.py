@@ -278,3 +278,24 @@ def test_select_for_a_team_driven_by_one_thread(monkeypatch):
     monkeypatch.setenv("JTD_AUTOTUNE", "off")
     assert tuning.select_for_team(tuner, variants, "k", 3, {"case": "team"}, "gpu",
                                   lambda index: pytest.fail("timed with tuning off")) == 0
+
+
+def test_the_ops_config_spaces_start_with_the_fixed_table():
+    """What runs on CPU and with tuning off is the table's choice; the spaces have more."""
+    from jax_triton_dist import tiles
+
+    for m, n, k in ((8192, 1376, 4096), (128, 1376, 4096), (30, 40, 50)):
+        configs = tiles.gemm_configs(m, n, k)
+        table = tiles.gemm_tiles(m, n, k)
+        assert {key: configs[0][key] for key in table} == table
+        assert not configs[0]["PERSISTENT"]
+        assert len(configs) == len({tuple(sorted(c.items())) for c in configs})  # no repeats
+    assert len(tiles.gemm_configs(8192, 8192, 8192)) > 1
+    assert any(c["PERSISTENT"] for c in tiles.gemm_configs(8192, 8192, 8192))
+    assert tiles.gemm_configs(64, 64, 64, target="ascend") == [
+        {**tiles.gemm_tiles(64, 64, 64, target="ascend"), "num_stages": 3, "PERSISTENT": False}]
+    for n in (10, 5000, 1 << 20):
+        configs = tiles.exchange_configs(n)
+        assert configs[0] == {"BLOCK": tiles.exchange_block(n)[0], "num_warps": 4}
+        assert all(c["BLOCK"] <= configs[0]["BLOCK"] for c in configs)
+    assert len(tiles.exchange_configs(1 << 20)) == 6

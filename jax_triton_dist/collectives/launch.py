@@ -3,7 +3,8 @@ collective primitives, ``primitives.py``).
 
 Every function takes the per-rank operand and the primitive's parameters: ``axes`` (the
 mesh axes of the team), ``groups`` (``axis_index_groups`` or None) and ``size`` (ranks per
-team). Data moves as bits and reductions run in the types ``element_types`` gives.
+team). Data moves as bits and reductions run in the types ``element_types`` gives. The
+exchange kernels' block sizes and warps are autotuned on GPUs (``tiles.exchange_configs``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import triton
 
-from jax_triton_dist import tiles
+from jax_triton_dist import autotune, tiles
 from jax_triton_dist.collectives import element_types
 from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
@@ -24,6 +25,18 @@ ONE_SHOT_MAX_BYTES = 256 * 1024
 """``all_reduce(method="auto")`` uses one-shot up to this many bytes per rank, else two-shot."""
 
 
+def _tuned(kernel, n: int):
+    """``kernel`` autotuned over the exchange configs of ``n`` elements per block (the
+    fixed choice first: what runs on CPU and with tuning off)."""
+    configs = [autotune.Config({"BLOCK": c["BLOCK"]}, num_warps=c["num_warps"])
+               for c in tiles.exchange_configs(n)]
+    return autotune.autotune(configs)(kernel)
+
+
+def _programs(n: int):
+    return lambda meta: triton.cdiv(max(n, 1), meta["BLOCK"])
+
+
 def _push_exchange(x: jax.Array, axes, groups, size: int, *, send_chunks: bool,
                    reduce: str) -> jax.Array:
     """``x``: [size, n] (row p for rank p) if ``send_chunks`` else [n].
@@ -31,28 +44,30 @@ def _push_exchange(x: jax.Array, axes, groups, size: int, *, send_chunks: bool,
     Returns [size, n] (by source) if ``reduce == "none"``, else [n].
     """
     n = x.shape[-1]
-    block, programs = tiles.exchange_block(n)
+    programs = _programs(n)
     out_shape = (size, n) if reduce == "none" else (n,)
     return triton_call(
-        push_exchange_kernel, x, n=n,
+        _tuned(push_exchange_kernel, n), x, n=n,
         out_shape=jax.ShapeDtypeStruct(out_shape, x.dtype),
-        workspace=[Workspace((2, size, n), x.dtype), Workspace((2, size, programs), jnp.int32)],
-        grid=(programs,), axis_name=axes, axis_index_groups=groups,
-        SEND_CHUNKS=send_chunks, REDUCE=reduce, BLOCK=block,
+        workspace=lambda meta: [Workspace((2, size, n), x.dtype),
+                                Workspace((2, size, programs(meta)), jnp.int32)],
+        grid=lambda meta: (programs(meta),), axis_name=axes, axis_index_groups=groups,
+        SEND_CHUNKS=send_chunks, REDUCE=reduce,
     )
 
 
 def _two_shot(x: jax.Array, axes, groups, size: int, reduce: str) -> jax.Array:
     n = x.shape[0]
     chunk = triton.cdiv(n, size)
-    block, programs = tiles.exchange_block(chunk)
+    programs = _programs(chunk)
     return triton_call(
-        two_shot_all_reduce_kernel, x, n=n, chunk=chunk,
+        _tuned(two_shot_all_reduce_kernel, chunk), x, n=n, chunk=chunk,
         out_shape=jax.ShapeDtypeStruct((n,), x.dtype),
-        workspace=[Workspace((2, size, chunk), x.dtype), Workspace((2, size, chunk), x.dtype),
-                   Workspace((2, 2, size, programs), jnp.int32)],
-        grid=(programs,), axis_name=axes, axis_index_groups=groups, REDUCE=reduce,
-        BLOCK=block,
+        workspace=lambda meta: [Workspace((2, size, chunk), x.dtype),
+                                Workspace((2, size, chunk), x.dtype),
+                                Workspace((2, 2, size, programs(meta)), jnp.int32)],
+        grid=lambda meta: (programs(meta),), axis_name=axes, axis_index_groups=groups,
+        REDUCE=reduce,
     )
 
 
