@@ -41,6 +41,24 @@ def test_gemm_benchmark_times_every_config_on_cpu(tmp_path):
     assert gemm.describe(tiles.gemm_configs(32, 48, 16)[0]) == row["configs"][0]["config"]
 
 
+def test_attention_benchmark_on_cpu(tmp_path, monkeypatch, capsys):
+    from jax_triton_dist.bench import attention
+
+    monkeypatch.setattr(attention, "HEADS", 2)
+    monkeypatch.setattr(attention, "HEAD_DIM", 16)
+    path = tmp_path / "attention.json"
+    bench.main(["attention", "--seqs", "32", "--iters", "1", "--platform", "cpu", "--causal",
+                "--json", str(path)])
+    rows = json.loads(path.read_text())["results"]
+    prefill, decode = (r for r in rows if r["bench"] == "prefill"), (
+        r for r in rows if r["bench"] == "decode")
+    (prefill,), (decode,) = list(prefill), list(decode)
+    assert prefill["ours_fwd_us"] > 0 and prefill["xla_bwd_us"] > 0 and prefill["causal"]
+    assert "cudnn_fwd_us" not in prefill  # no cuDNN on CPU
+    assert decode["ours_us"] > 0 and decode["xla_us"] > 0
+    assert "fwd vs cudnn" in capsys.readouterr().out
+
+
 def test_kernel_seconds_groups_events_by_call():
     from jax_triton_dist.bench import device_time
 

@@ -55,6 +55,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                          help="bytes per rank of the all_gather part")
     overlap.add_argument("--iters", type=int, default=10)
     overlap.add_argument("--json", default="bench_overlap.json", help="output JSON path")
+    att = sub.add_parser("attention", help="sequence-parallel attention and flash-decode at "
+                         "world size 1 vs jax.nn.dot_product_attention (XLA, cuDNN)")
+    att.add_argument("--seqs", type=int, nargs="+", default=None,
+                     help="sequence lengths (default: 4k 16k 32k on GPU, 256 on CPU)")
+    att.add_argument("--causal", action="store_true")
+    att.add_argument("--iters", type=int, default=10)
+    att.add_argument("--platform", default=None)
+    att.add_argument("--json", default="bench_attention.json", help="output JSON path")
     draw = sub.add_parser("plot", help="draw a results JSON written by a suite")
     draw.add_argument("results", help="a JSON file written with --json")
     draw.add_argument("--out", required=True, metavar="PNG", help="image to write")
@@ -108,6 +116,20 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\n{part}")
             timing.print_table([r for r in rows if r["bench"] == part], columns)
         timing.write_json(args.json, "overlap", rows)
+        return
+
+    if args.suite == "attention":
+        from jax_triton_dist.bench import attention
+
+        device = jax.devices(args.platform)[0]
+        seqs = args.seqs or (attention.SEQS if device.platform == "gpu" else [256])
+        print(f"attention on {device.device_kind} ({device.platform}), {attention.HEADS} heads, "
+              f"head_dim {attention.HEAD_DIM}, bf16, causal={args.causal}, kernel time")
+        rows = attention.run(seqs, args.iters, args.causal, args.platform)
+        for part, columns in attention.COLUMNS.items():
+            print(f"\n{part}")
+            timing.print_table([r for r in rows if r["bench"] == part], columns)
+        timing.write_json(args.json, "attention", rows)
         return
 
     if args.suite == "gemm":

@@ -48,8 +48,10 @@ def machine() -> dict[str, Any]:
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> None:
-    """Prints ``rows`` with ``columns`` = (key, header, format)."""
-    cells = [[format(row[key], fmt) for key, _, fmt in columns] for row in rows]
+    """Prints ``rows`` with ``columns`` = (key, header, format); a value that is missing or
+    None (a baseline that could not run) prints as ``-``."""
+    cells = [["-" if row.get(key) is None else format(row[key], fmt) for key, _, fmt in columns]
+             for row in rows]
     widths = [max(len(header), *(len(c[i]) for c in cells)) if cells else len(header)
               for i, (_, header, _) in enumerate(columns)]
     print("  ".join(h.rjust(w) for (_, h, _), w in zip(columns, widths, strict=True)))
