@@ -3,7 +3,7 @@
 # packages, run the GPU tier and the compile tests, run the GPU benchmarks; logs and JSON
 # go to $OUT (or ./gpu_out): setup.log, tests.log, checks.log, bench.log, bench_*.json.
 #
-#   GPU_CHECK_BENCH="single-gpu collectives gemm overlap"   benchmark suites to run
+#   GPU_CHECK_BENCH="single-gpu collectives gemm overlap attention"   benchmark suites
 #                                                    (default: all; "" runs none)
 #   GPU_CHECK_BENCH_ARGS_<suite>="..."               replaces a suite's arguments (suite
 #                                                    name with - as _, e.g. _single_gpu)
@@ -15,8 +15,8 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export JTD_WAIT_TIMEOUT=${JTD_WAIT_TIMEOUT:-20}
-BENCH=${GPU_CHECK_BENCH-single-gpu collectives gemm overlap}
-TESTS=${GPU_CHECK_TESTS-tests/test_gpu.py tests/test_gpu_faults.py tests/test_gpu_tooling.py tests/test_gpu_tuning.py tests/test_one_gpu.py tests/test_shmem.py tests/test_nvshmem.py tests/test_cuda_compile.py tests/test_device_abi.py}
+BENCH=${GPU_CHECK_BENCH-single-gpu collectives gemm overlap attention}
+TESTS=${GPU_CHECK_TESTS-tests/test_gpu.py tests/test_gpu_faults.py tests/test_gpu_tooling.py tests/test_gpu_tuning.py tests/test_gpu_attention.py tests/test_one_gpu.py tests/test_shmem.py tests/test_nvshmem.py tests/test_cuda_compile.py tests/test_device_abi.py}
 # The autotuner's cache lives in $OUT (fetched with the results; a fresh machine has none).
 export JTD_AUTOTUNE_CACHE=${JTD_AUTOTUNE_CACHE:-$OUT/autotune.json}
 
