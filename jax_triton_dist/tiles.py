@@ -12,7 +12,8 @@ import triton
 
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
            "gemm_configs",
-           "fill_programs", "attention_blocks", "moe_dispatch_blocks", "moe_combine_blocks"]
+           "fill_programs", "split_k_configs", "attention_blocks", "moe_dispatch_blocks",
+           "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
 MAX_EXCHANGE_BLOCK = 4096
@@ -125,6 +126,24 @@ def attention_blocks(seq: int, target: str = "cuda") -> dict[str, int]:
     _check_target(target)
     bm, bn = _ATTENTION_BLOCKS[target]
     return {"BLOCK_M": _block(seq, bm), "BLOCK_N": _block(seq, bn)}
+
+
+def split_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int]]:
+    """Split-K configs of the GEMM tile (``kernels/gemm.py``'s ``matmul_split_k_kernel``)
+    for problems with too few output tiles to fill the device (decode shapes): the decode
+    tile with K split 2, 3 or 4 ways where each split keeps at least 4 K blocks; none
+    for problems that fill the device, or off CUDA."""
+    _check_target(target)
+    if target != "cuda":
+        return []
+    bm, bn, bk, warps = _GEMM_TILES[target]["decode"]
+    bm, bn, bk = _block(m, bm), _block(n, bn), _block(k, bk)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if tiles >= _FILL_PROGRAMS[target]:
+        return []
+    return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
+             "num_stages": 3, "SPLIT_K": split} for split in (2, 3, 4)
+            if triton.cdiv(k, bk) >= 4 * split]
 
 
 def moe_dispatch_blocks(rows: int, h: int) -> dict[str, int]:

@@ -3,6 +3,7 @@
 import triton
 import triton.language as tl
 
+import jax_triton_dist.language as dl
 from jax_triton_dist.swizzle import grouped_tile
 
 
@@ -127,3 +128,52 @@ def _matmul_tile_at(tile, a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, st
     acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
                       stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
     store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def matmul_split_k_kernel(
+    # Pointers
+    a_ptr, b_ptr, c_ptr,
+    partial_ptr,  # workspace float32 [M, N]: the splits' sum (zero between calls)
+    counts_ptr,  # workspace int32 [tiles]: splits done per tile, growing by SPLIT_K per call
+    # Sizes
+    M, N, K,
+    # Strides
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    # Meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """``C = A @ B`` with the K dimension split over ``SPLIT_K`` programs per output tile
+    (for few, deep tiles: decode shapes). Each split adds its float32 partial into the
+    tile's sum atomically; the split that completes the tile (its count reaches
+    ``SPLIT_K * call``) stores C and zeroes the sum for the next call."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tile = pid % (tiles_m * tiles_n)
+    split = pid // (tiles_m * tiles_n)
+    pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+
+    # ---- this split's share of K ----
+    k_blocks = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = split * k_blocks * BLOCK_K
+    k_len = tl.minimum(k_blocks * BLOCK_K, K - k_start)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    acc = _mma(a_ptr + offs_m[:, None] * stride_am + k_start * stride_ak,
+               b_ptr + k_start * stride_bk, pid_n, N, k_len, stride_ak, stride_bk, stride_bn,
+               BLOCK_M, BLOCK_N, BLOCK_K)
+
+    # ---- add it to the tile's sum; the last split of this call finishes the tile ----
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    sums = partial_ptr + rows[:, None] * N + cols[None, :]
+    tl.atomic_add(sums, acc, mask=mask, sem="relaxed")
+    tl.debug_barrier()  # every thread's share is added before the count moves
+    done = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel") + 1
+    if done == dl.epoch() * SPLIT_K:
+        total = tl.load(sums, mask=mask, other=0.0, cache_modifier=".cg")
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+        tl.store(sums, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=mask)

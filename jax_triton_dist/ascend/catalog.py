@@ -129,6 +129,19 @@ def _gemm() -> Case:
         dict(config, stride_ak=1, stride_bn=1, stride_cn=1, PERSISTENT=False), Expected(0, 0))
 
 
+def _gemm_split_k() -> Case:
+    m, n, k = 128, 1024, 4096  # a decode shape
+    config = tiles.gemm_tiles(m, n, k, target="ascend")
+    config.pop("num_warps")
+    return Case(
+        "gemm_split_k", "jax_triton_dist.kernels.gemm:matmul_split_k_kernel",
+        {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "partial_ptr": "fp32",
+         "counts_ptr": "i32"},
+        {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
+        dict(config, stride_ak=1, stride_bn=1, stride_cn=1, SPLIT_K=2),
+        Expected(0, 0, barriers=1))  # the barrier before a split's count moves
+
+
 def _gemm_tiles(m: int, n: int, k: int, copies: int,
                persistent: bool = False) -> dict[str, int]:
     config = tiles.gemm_tiles(m, n, k, copies=copies, target="ascend")
@@ -236,7 +249,8 @@ def cases(ranks: int) -> list[Case]:
     """Every kernel of ``kernels/`` at ``ranks`` ranks (the fused GEMM kernels also in
     their persistent form), and a kernel making every ``dl`` SHMEM device call
     (``device_calls``)."""
-    return (_push_exchange(ranks) + [_two_shot(ranks), _ring(), _gemm()] + _fused(ranks)
+    return (_push_exchange(ranks) + [_two_shot(ranks), _ring(), _gemm(), _gemm_split_k()]
+            + _fused(ranks)
             + _fused(ranks, persistent=True) + _moe(ranks) + _attention(ranks)
             + [_device_calls(ranks)])
 

@@ -5,8 +5,9 @@ Kernel-alone timing for both (``device_time``: the profiler's GPU kernel duratio
 single jitted calls on the same operands, bf16 in and out), so neither side pays for
 dispatch or slicing. Every config of the autotuner's space for the shape
 (``tiles.gemm_configs``: the fixed table's first, then tile shapes and persistent
-variants) is timed; the table reports the fixed table's config, the best config (what the
-autotuner would choose: it minimises the same kernel time) and XLA.
+variants; ``tiles.split_k_configs`` for decode shapes) is timed; the table reports the
+fixed table's config, the best config (what the autotuner would choose: it minimises the
+same kernel time) and XLA.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 import jax_triton_dist as jtd
 from jax_triton_dist import tiles
 from jax_triton_dist.bench import device_time
-from jax_triton_dist.kernels.gemm import matmul_kernel
+from jax_triton_dist.kernels.gemm import matmul_kernel, matmul_split_k_kernel
 
 # (M, N, K): 8192^3, and the per-rank shapes of a TP8 Llama-style MLP, including decode.
 SHAPES = [(8192, 8192, 8192), (8192, 1376, 4096), (8192, 4096, 1376), (8192, 3584, 8192),
@@ -32,11 +33,20 @@ SHAPES = [(8192, 8192, 8192), (8192, 1376, 4096), (8192, 4096, 1376), (8192, 358
 
 def matmul(a, b, config: dict[str, Any], axis_name="x"):
     """``a @ b`` with the project's GEMM kernel and one config of ``tiles.gemm_configs``
-    (per rank, inside shard_map)."""
+    or ``tiles.split_k_configs`` (per rank, inside shard_map)."""
     config = dict(config)
     warps, stages = config.pop("num_warps"), config.pop("num_stages")
     (m, k), (_, n) = a.shape, b.shape
     tile_count = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
+    if "SPLIT_K" in config:
+        return jtd.triton_call(
+            matmul_split_k_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1,
+            stride_bk=n, stride_bn=1, stride_cm=n, stride_cn=1,
+            out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+            workspace=[jtd.Workspace((m, n), jnp.float32),
+                       jtd.Workspace((tile_count,), jnp.int32)],
+            grid=(tile_count * config["SPLIT_K"],), axis_name=axis_name, num_warps=warps,
+            num_stages=stages, **config)
     programs = min(tile_count, tiles.fill_programs()) if config["PERSISTENT"] else tile_count
     return jtd.triton_call(
         matmul_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n,
@@ -50,6 +60,8 @@ def describe(config: dict[str, Any]) -> str:
     """``128x128x64 w8 s3`` (+ `` persistent``)."""
     text = (f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} "
             f"w{config['num_warps']} s{config['num_stages']}")
+    if config.get("SPLIT_K"):
+        return text + f" split-K {config['SPLIT_K']}"
     return text + (" persistent" if config["PERSISTENT"] else "")
 
 
@@ -74,7 +86,7 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
         xla_time = device_time.kernel_seconds(xla, a, b, calls=iters)
         ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
         timed = []
-        for config in tiles.gemm_configs(m, n, k):
+        for config in tiles.gemm_configs(m, n, k) + tiles.split_k_configs(m, n, k):
             f = jax.jit(jax.shard_map(lambda x, y, c=config: matmul(x, y, c), mesh=mesh,
                                       in_specs=(P(), P()), out_specs=P(), check_vma=False))
             try:
