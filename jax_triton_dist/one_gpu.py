@@ -63,14 +63,14 @@ def _ensure_world(world: int, device: int) -> None:
     shmem.init(n_pes=world, backend="cuda", devices=[device] * world)
 
 
-def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs,
-          symmetric) -> call_site.CallSite:
+def _site(kernel, world, inputs, outputs, workspaces, grid, kwargs, symmetric,
+          options) -> call_site.CallSite:
     def spec(shape, dtype):
         return call_site.ArraySpec(tuple(shape), np.dtype(dtype))
 
     tuner = kernel if isinstance(kernel, tuning.Autotuned) else None
     variants = tuning.variants_of(
-        tuner.candidates(kwargs) if tuner else None, kwargs, {},
+        tuner.candidates(kwargs) if tuner else None, kwargs, options,
         lambda meta: tuple(grid(meta) if callable(grid) else grid))
     per_variant = [[spec(*w) for w in (workspaces(v.kwargs) if callable(workspaces)
                                        else workspaces)] for v in variants]
@@ -148,7 +148,7 @@ class _Job:
     per rank, the chosen variant loaded once per rank; :meth:`close` releases them."""
 
     def __init__(self, kernel, world, inputs, outputs, workspaces, grid, kwargs, device,
-                 symmetric):
+                 symmetric, options):
         if cuda_dispatch.launcher() is None or not cuda_driver.available():
             raise RuntimeError(
                 "one_gpu needs the CUDA launcher and a GPU "
@@ -158,7 +158,7 @@ class _Job:
         _ensure_world(world, device)
         first = [np.ascontiguousarray(a) for a in inputs(0, 0)]
         self.site = site = _site(kernel, world, first, outputs, workspaces, grid, kwargs,
-                                 symmetric)
+                                 symmetric, options)
         self.team = call_site.TeamState(pes=list(range(world)),
                                         generation=lifetime.generation())
         self.contexts = cuda_dispatch.regions(site, self.team)
@@ -242,11 +242,17 @@ class _Job:
         heap.release(self.contexts[0][0] - heap.heap_base(0))
 
 
+def _options(num_warps: int | None, num_stages: int | None) -> dict[str, int]:
+    return {k: int(v) for k, v in (("num_warps", num_warps), ("num_stages", num_stages))
+            if v is not None}
+
+
 def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.ndarray]],
               outputs: Sequence[tuple[tuple[int, ...], Any]],
               workspaces: Sequence[tuple[tuple[int, ...], Any]] | Callable,
               grid: Sequence[int] | Callable, kwargs: dict[str, Any], calls: int = 1,
-              device: int = 0, symmetric: Sequence[int] = ()) -> list:
+              device: int = 0, symmetric: Sequence[int] = (), num_warps: int | None = None,
+              num_stages: int | None = None) -> list:
     """Runs ``calls`` consecutive calls of ``kernel`` on ``world`` ranks of GPU ``device``.
 
     Args:
@@ -264,6 +270,8 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
       device: the GPU.
       symmetric: indices of inputs staged into the symmetric heap before each launch
         (``triton_call``'s ``symmetric=``), alternating between two slots by call parity.
+      num_warps, num_stages: compile options (defaults 4 and 3; an autotune config's own
+        take precedence).
 
     Returns:
       ``results[call][rank][output]`` as NumPy arrays.
@@ -271,7 +279,8 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     Inside ``jtd.timeline.record`` the launches are timed (every rank's programs, waits and
     notifies on the GPU's clock), which shows how the ranks' work interleaved on the GPU.
     """
-    job = _Job(kernel, world, inputs, outputs, workspaces, grid, kwargs, device, symmetric)
+    job = _Job(kernel, world, inputs, outputs, workspaces, grid, kwargs, device, symmetric,
+               _options(num_warps, num_stages))
     try:
         results = []
         for call in range(calls):
@@ -290,12 +299,14 @@ def time_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np
                outputs: Sequence[tuple[tuple[int, ...], Any]],
                workspaces: Sequence[tuple[tuple[int, ...], Any]] | Callable,
                grid: Sequence[int] | Callable, kwargs: dict[str, Any], calls: int = 10,
-               warmup: int = 2, device: int = 0, symmetric: Sequence[int] = ()) -> list[float]:
+               warmup: int = 2, device: int = 0, symmetric: Sequence[int] = (),
+               num_warps: int | None = None, num_stages: int | None = None) -> list[float]:
     """Seconds of each of ``calls`` timed calls of :func:`run_ranks`' job (after
     ``warmup`` untimed ones), on the first call's inputs: from an event recorded before
     the ranks' launches to the last rank's end (their makespan, launch skew included).
     Arguments as :func:`run_ranks`."""
-    job = _Job(kernel, world, inputs, outputs, workspaces, grid, kwargs, device, symmetric)
+    job = _Job(kernel, world, inputs, outputs, workspaces, grid, kwargs, device, symmetric,
+               _options(num_warps, num_stages))
     drv = job.drv
     start = drv.event_create(device)
     ends = [drv.event_create(device) for _ in range(world)]
