@@ -211,7 +211,8 @@ class _Job:
                 else:
                     values.append(value)
             drv.launch(self.device, loaded.function, loaded.grid, loaded.block,
-                       loaded.kernel.metadata.shared, values, self.streams[rank])
+                       loaded.kernel.metadata.shared, values, self.streams[rank],
+                       scratch=loaded.scratch)
             if ends is not None:
                 drv.event_record(self.device, ends[rank], self.streams[rank])
 
@@ -236,7 +237,7 @@ class _Job:
         for buf in itertools.chain(*self.in_bufs, *self.out_bufs):
             drv.free(device, buf)
         for item in self.loaded:
-            drv.module_unload(device, item.module)
+            item.close()
         if self.site.timeline:  # inside jtd.timeline.record: keep the events
             timeline_capture.harvest(self.site)
         heap.release(self.contexts[0][0] - heap.heap_base(0))

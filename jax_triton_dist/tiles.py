@@ -11,9 +11,8 @@ from __future__ import annotations
 import triton
 
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
-           "gemm_configs",
-           "fill_programs", "split_k_configs", "attention_blocks", "moe_dispatch_blocks",
-           "moe_combine_blocks"]
+           "gemm_configs", "fill_programs", "tma_configs", "split_k_configs",
+           "attention_blocks", "moe_dispatch_blocks", "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
 MAX_EXCHANGE_BLOCK = 4096
@@ -126,6 +125,30 @@ def attention_blocks(seq: int, target: str = "cuda") -> dict[str, int]:
     _check_target(target)
     bm, bn = _ATTENTION_BLOCKS[target]
     return {"BLOCK_M": _block(seq, bm), "BLOCK_N": _block(seq, bn)}
+
+
+# TMA configs of the GEMM tile on CUDA: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages,
+# PERSISTENT).
+_TMA_SPACE = [(128, 256, 64, 8, 3, False), (128, 256, 64, 8, 3, True),
+              (128, 128, 64, 8, 4, False), (128, 128, 64, 8, 4, True),
+              (64, 128, 64, 4, 4, False)]
+
+
+def tma_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:
+    """Configs of the GEMM tile that move tiles with tensor descriptors (``USE_TMA``;
+    Hopper). CUDA only, and only where rows are 16-byte aligned for any element type (``k``
+    and ``n`` multiples of 16); clamped to the problem, without repeats."""
+    _check_target(target)
+    if target != "cuda" or k % 16 or n % 16:
+        return []
+    configs = []
+    for bm, bn, bk, warps, stages, persistent in _TMA_SPACE:
+        config = {"BLOCK_M": _block(m, bm), "BLOCK_N": _block(n, bn), "BLOCK_K": _block(k, bk),
+                  "GROUP_M": 8, "num_warps": warps, "num_stages": stages,
+                  "PERSISTENT": persistent, "USE_TMA": True}
+        if config not in configs:
+            configs.append(config)
+    return configs
 
 
 def split_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int]]:

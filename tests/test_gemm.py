@@ -12,7 +12,7 @@ from jax_triton_dist.kernels.gemm import matmul_kernel
 from jax_triton_dist.runtime import cuda_compile
 
 
-@pytest.mark.parametrize("m,n,k", [(64, 48, 40), (130, 70, 33), (1, 16, 200)])
+@pytest.mark.parametrize("m,n,k", [(64, 48, 48), (130, 70, 33), (1, 16, 200)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_matmul_matches_jnp_dot(m, n, k, dtype):
     rng = np.random.default_rng(m + n + k)
@@ -23,8 +23,10 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
     tol = 1e-5 if dtype == jnp.float32 else 1e-2
     tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4, "num_warps": 4,
             "num_stages": 3}
-    for config in (dict(tile, PERSISTENT=False), dict(tile, PERSISTENT=True),
-                   dict(tile, SPLIT_K=3)):
+    configs = [dict(tile, PERSISTENT=False), dict(tile, PERSISTENT=True), dict(tile, SPLIT_K=3)]
+    if k % 16 == 0 and n % 16 == 0:  # tensor descriptors need 16-byte aligned rows
+        configs += [dict(tile, PERSISTENT=p, USE_TMA=True) for p in (False, True)]
+    for config in configs:
         f = jax.jit(jax.shard_map(lambda x, y, c=config: gemm.matmul(x, y, c), mesh=mesh,
                                   in_specs=(P(), P()), out_specs=P(), check_vma=False))
         for _ in range(3):  # split-K: the sums and counts carry over between calls
@@ -49,6 +51,14 @@ def test_gemm_benchmark_rows():
     rows = gemm.run([(40, 24, 16)], iters=1, dtype="float32", platform="cpu")
     assert rows[0]["shape"] == "40x24x16" and rows[0]["rel_err"] < 1e-5
     assert rows[0]["best_us"] > 0 and rows[0]["xla_us"] > 0
+
+
+def test_tma_configs_only_where_rows_are_aligned():
+    from jax_triton_dist import tiles
+
+    configs = tiles.tma_configs(8192, 1376, 4096)
+    assert configs and all(c["USE_TMA"] for c in configs)
+    assert tiles.tma_configs(130, 70, 33) == [] == tiles.tma_configs(64, 64, 64, target="ascend")
 
 
 def test_split_k_configs_only_for_decode_shapes():

@@ -218,12 +218,14 @@ NB_MODULE(_cuda_driver, m) {
   m.def(
       "launch",
       [](int device, uintptr_t function, std::vector<unsigned> grid, unsigned block,
-         unsigned shared, std::vector<uint64_t> values, uintptr_t stream, int repeat) {
+         unsigned shared, std::vector<uint64_t> values, uintptr_t stream, int repeat,
+         uint64_t scratch) {
         DeviceScope scope(device);
         // Each kernel parameter is passed from 8 bytes of storage (little-endian), then
-        // Triton's scratch pointers.
+        // Triton's scratch pointers (global: `scratch`; profile: none).
         std::vector<uint64_t> storage(values);
         storage.resize(values.size() + kTritonScratchParams, 0);
+        storage[values.size()] = scratch;
         std::vector<void*> pointers;
         for (auto& v : storage) pointers.push_back(&v);
         unsigned g[3] = {1, 1, 1};
@@ -236,5 +238,5 @@ NB_MODULE(_cuda_driver, m) {
         }
       },
       "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "values"_a, "stream"_a,
-      "repeat"_a = 1);
+      "repeat"_a = 1, "scratch"_a = 0);
 }

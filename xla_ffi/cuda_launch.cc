@@ -99,6 +99,7 @@ struct LaunchSpec {
   unsigned shared;
   std::vector<Param> params;
   CUdeviceptr epoch_addr;  // the rank context's epoch
+  uint64_t scratch;        // Triton's global scratch (device-made TMA descriptors), or 0
 };
 
 struct Plan {
@@ -136,6 +137,7 @@ std::string Enqueue(const LaunchSpec& spec, uint32_t epoch, const std::vector<ui
       storage[i] = p.value;
     }
   }
+  storage[spec.params.size()] = spec.scratch;  // then the profile scratch: none
   for (size_t i = 0; i < storage.size(); ++i) pointers[i] = &storage[i];
   CUresult r = D().cuStreamWriteValue32(stream, spec.epoch_addr, epoch, 0);
   if (r != CUDA_SUCCESS) return "cuStreamWriteValue32: " + ErrorText(r);
@@ -148,7 +150,7 @@ std::string Enqueue(const LaunchSpec& spec, uint32_t epoch, const std::vector<ui
 LaunchSpec MakeSpec(
     uintptr_t function, const std::vector<unsigned>& grid, unsigned block, unsigned shared,
     const std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>>& params,
-    uint64_t epoch_addr) {
+    uint64_t epoch_addr, uint64_t scratch) {
   LaunchSpec spec;
   spec.function = reinterpret_cast<CUfunction>(function);
   for (int i = 0; i < 3; ++i) spec.grid[i] = i < static_cast<int>(grid.size()) ? grid[i] : 1;
@@ -158,6 +160,7 @@ LaunchSpec MakeSpec(
     spec.params.push_back({static_cast<ParamKind>(kind), index, value, alt, size});
   }
   spec.epoch_addr = epoch_addr;
+  spec.scratch = scratch;
   return spec;
 }
 
@@ -312,10 +315,11 @@ NB_MODULE(_cuda, m) {
       [](int64_t call_id, int device, uintptr_t module, uintptr_t function,
          std::vector<unsigned> grid, unsigned block, unsigned shared,
          std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>> params,
-         uint64_t epoch_addr, uintptr_t record, std::string label, int log_rank, uint32_t epoch) {
+         uint64_t epoch_addr, uintptr_t record, std::string label, int log_rank, uint32_t epoch,
+         uint64_t scratch) {
         auto plan = std::make_unique<Plan>();
         plan->module = reinterpret_cast<CUmodule>(module);
-        plan->launch = MakeSpec(function, grid, block, shared, params, epoch_addr);
+        plan->launch = MakeSpec(function, grid, block, shared, params, epoch_addr, scratch);
         plan->record = reinterpret_cast<volatile ErrorRecord*>(record);
         plan->label = std::move(label);
         plan->log_rank = log_rank;
@@ -325,16 +329,19 @@ NB_MODULE(_cuda, m) {
       },
       "call_id"_a, "device"_a, "module"_a, "function"_a, "grid"_a, "block"_a, "shared"_a,
       "params"_a, "epoch_addr"_a, "record"_a, "label"_a, "log_rank"_a = -1, "epoch"_a = 0,
+      "scratch"_a = 0,
       "Registers the launch plan of (call site, device); `epoch`: launches made already "
-      "(the autotuner's), so the next call runs in epoch + 1.");
+      "(the autotuner's), so the next call runs in epoch + 1; `scratch`: the kernel's "
+      "global scratch (0: none).");
   m.def(
       "time_launches",
       [](int device, uintptr_t function, std::vector<unsigned> grid, unsigned block,
          unsigned shared, std::vector<std::tuple<int, int64_t, uint64_t, uint64_t, int64_t>> params,
          uint64_t epoch_addr, uint32_t first_epoch, std::vector<uint64_t> args,
-         std::vector<uint64_t> rets, int warmup, int rep, uintptr_t stream) {
+         std::vector<uint64_t> rets, int warmup, int rep, uintptr_t stream, uint64_t scratch) {
         jtd::cuda_driver::DeviceScope scope(device);
-        const LaunchSpec spec = MakeSpec(function, grid, block, shared, params, epoch_addr);
+        const LaunchSpec spec =
+            MakeSpec(function, grid, block, shared, params, epoch_addr, scratch);
         auto timed = std::make_unique<TimedLaunches>();
         timed->device = device;
         auto s = reinterpret_cast<CUstream>(stream);
@@ -354,7 +361,7 @@ NB_MODULE(_cuda, m) {
         return reinterpret_cast<uintptr_t>(timed.release());
       },
       "device"_a, "function"_a, "grid"_a, "block"_a, "shared"_a, "params"_a, "epoch_addr"_a,
-      "first_epoch"_a, "args"_a, "rets"_a, "warmup"_a, "rep"_a, "stream"_a,
+      "first_epoch"_a, "args"_a, "rets"_a, "warmup"_a, "rep"_a, "stream"_a, "scratch"_a = 0,
       "Enqueues warmup + rep launches (epochs first_epoch, first_epoch + 1, ...) on `stream` "
       "with events around the timed ones; returns a handle for timed_results.");
   m.def(

@@ -48,6 +48,7 @@ __all__ = ["plan", "log_launch", "bind_context", "ensure_shmem", "regions", "com
 
 _compile_lock = threading.Lock()
 _compiled: dict[tuple[int, int], Any] = {}  # (call id, variant index) -> compiled
+_planned: dict[tuple[int, int], Any] = {}  # (call id, device) -> the Loaded its plan launches
 _init_lock = threading.Lock()
 _records: dict[int, tuple[int, int]] = {}  # device -> (host, device) address of its record
 _exit_hook = threading.Event()  # set once the launcher's close is registered for exit
@@ -60,10 +61,13 @@ def launcher():
 
 
 def _drop_plans() -> None:
-    """Before SHMEM releases the heaps: let the GPUs finish, then forget every plan."""
+    """Before SHMEM releases the heaps: let the GPUs finish, then forget every plan (their
+    modules and scratch stay: a handler may still hold a retired plan)."""
     if _cuda is not None and cuda_driver.available():
         for device in _cuda.clear_plans():
             cuda_driver.driver().device_synchronize(device)
+    with _compile_lock:
+        _planned.clear()
 
 
 lifetime.on_finalize(_drop_plans)
@@ -77,9 +81,12 @@ def _release(call_id: int, site: call_site.CallSite) -> None:
     if _cuda is None or not cuda_driver.available():
         return
     drv = cuda_driver.driver()
-    for device, module in _cuda.drop_plans(call_id):
+    for device, _ in _cuda.drop_plans(call_id):
         drv.device_synchronize(device)  # no launch of it still in flight
-        drv.module_unload(device, module)
+        with _compile_lock:
+            loaded = _planned.pop((call_id, device), None)
+        if loaded is not None:
+            loaded.close()
 
 
 call_site.on_release(_release)
@@ -329,9 +336,20 @@ class Loaded:
         bind_context(device, self.module, self.kernel, ctx)
         if cuda_compile.uses_nvshmem(self.kernel):
             heap.init_nvshmem_module(self.module)
+        self.device = device
         self.grid = list(variant.grid) + [1] * (3 - len(variant.grid))
         self.block = 32 * self.kernel.metadata.num_warps
         self.params = kernel_params(site, variant, self.signature, region)
+        # Triton's global scratch (TMA descriptors made on the device): per program.
+        per_program = getattr(self.kernel.metadata, "global_scratch_size", 0) or 0
+        self.scratch = drv.alloc(device, per_program * variant.programs) if per_program else 0
+
+    def close(self) -> None:
+        """Unloads the module and frees the scratch (no launch of them may be in flight)."""
+        drv = cuda_driver.driver()
+        drv.module_unload(self.device, self.module)
+        if self.scratch:
+            drv.free(self.device, self.scratch)
 
 
 class Trial(tuning.Trial):
@@ -363,7 +381,8 @@ class Trial(tuning.Trial):
         self.handle = _cuda.time_launches(
             self.device, loaded.function, loaded.grid, loaded.block,
             loaded.kernel.metadata.shared, loaded.params, self.ctx + device_abi.EPOCH_OFFSET,
-            self.first, self.args, self.rets, tuner.warmup, tuner.rep, self.stream)
+            self.first, self.args, self.rets, tuner.warmup, tuner.rep, self.stream,
+            loaded.scratch)
 
     def finish(self) -> float:
         """Waits for the launches; seconds per launch."""
@@ -377,7 +396,7 @@ class Trial(tuning.Trial):
         return float(np.median(ms)) / 1e3
 
     def close(self) -> None:
-        cuda_driver.driver().module_unload(self.device, self.loaded.module)
+        self.loaded.close()
 
 
 def _sharing(team: call_site.TeamState, device: int) -> int:
@@ -418,10 +437,13 @@ def _plan(call_id: int, device: int, args: list[int], rets: list[int]) -> None:
     launch_log.plan(site, variant, device, rank, team, heap.running_backend())
     if site.timeline:
         timeline_capture.planned_on_gpu(site)
+    with _compile_lock:
+        _planned[(call_id, device)] = loaded
     _cuda.set_plan(call_id, device, loaded.module, loaded.function, loaded.grid, loaded.block,
                    loaded.kernel.metadata.shared, loaded.params, ctx + device_abi.EPOCH_OFFSET,
                    error_record(device)[0], site.label,
-                   rank if launch_log.enabled("launch") else -1, team.epochs.get(rank, 0))
+                   rank if launch_log.enabled("launch") else -1, team.epochs.get(rank, 0),
+                   loaded.scratch)
 
 
 def log_launch(call_id: int, device: int, rank: int, epoch: int) -> None:
