@@ -99,10 +99,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"single-GPU costs on {device.device_kind} ({device.platform}), median of "
               f"{args.iters}")
         results = single_gpu.run(args.iters, args.platform, args.parts, shapes, args.layouts)
-        for part, rows in results.items():
-            print(f"\n{part}")
-            timing.print_table(rows, single_gpu.COLUMNS[part])
-        _finish(args, "single-gpu", [r for rows in results.values() for r in rows])
+        rows = [r for part in results.values() for r in part]
+        timing.print_parts(rows, single_gpu.COLUMNS)
+        _finish(args, "single-gpu", rows)
         return
 
     if args.suite == "overlap":
@@ -112,9 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"one-GPU overlap proxy on {device.device_kind}: ranks share the GPU (not "
               f"NVLink), median makespan of {args.iters}")
         rows = overlap.run(args.ranks, args.iters, args.sizes)
-        for part, columns in overlap.COLUMNS.items():
-            print(f"\n{part}")
-            timing.print_table([r for r in rows if r["bench"] == part], columns)
+        timing.print_parts(rows, overlap.COLUMNS)
         timing.write_json(args.json, "overlap", rows)
         return
 
@@ -126,9 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"attention on {device.device_kind} ({device.platform}), {attention.HEADS} heads, "
               f"head_dim {attention.HEAD_DIM}, bf16, causal={args.causal}, kernel time")
         rows = attention.run(seqs, args.iters, args.causal, args.platform)
-        for part, columns in attention.COLUMNS.items():
-            print(f"\n{part}")
-            timing.print_table([r for r in rows if r["bench"] == part], columns)
+        timing.print_parts(rows, attention.COLUMNS)
         timing.write_json(args.json, "attention", rows)
         return
 

@@ -59,6 +59,16 @@ def print_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]])
         print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
 
 
+def print_parts(rows: list[dict[str, Any]], columns: dict[str, list[tuple[str, str, str]]]
+                ) -> None:
+    """Prints one table per part (``row["bench"]``) that has rows, with its columns."""
+    for part, part_columns in columns.items():
+        selected = [r for r in rows if r.get("bench") == part]
+        if selected:
+            print(f"\n{part}")
+            print_table(selected, part_columns)
+
+
 def write_json(path: str, suite: str, rows: list[dict[str, Any]]) -> None:
     """Writes the results with the machine description."""
     with open(path, "w") as f:
