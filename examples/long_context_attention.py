@@ -27,8 +27,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import jax_triton_dist as jtd  # noqa: E402
 from jax_triton_dist.attention import unzigzag, zigzag  # noqa: E402
 
-BATCH, SEQ_PER_RANK, D_MODEL, HEADS, KV_HEADS, HEAD_DIM = 2, 16, 64, 4, 2, 16
-STEPS, LEARNING_RATE = 4, 0.5
+BATCH, SEQ_PER_RANK, D_MODEL, HEADS, KV_HEADS, HEAD_DIM = 1, 8, 32, 4, 2, 16
+STEPS, LEARNING_RATE = 3, 0.5
 
 
 def init(rng):
