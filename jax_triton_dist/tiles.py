@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
-           "gemm_configs", "fill_programs", "tma_configs", "split_k_configs",
+           "gemm_configs", "fill_programs", "split_k_configs",
            "attention_blocks", "moe_dispatch_blocks", "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
@@ -95,13 +95,17 @@ def fill_programs(target: str = "cuda") -> int:
     return _FILL_PROGRAMS[target]
 
 
-def gemm_configs(m: int, n: int, k: int, copies: int = 1,
-                 target: str = "cuda") -> list[dict[str, int | bool]]:
+def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
+                 tma: bool = False) -> list[dict[str, int | bool]]:
     """The autotuner's configs for ``copies`` ``[m, k] @ [k, n]`` products in one grid:
     :func:`gemm_tiles`' choice first (with ``num_stages`` 3), then the target's space for
     the problem's size, clamped to the problem, without repeats. Each is a dict of the
-    constexprs (``PERSISTENT`` among them) and ``num_warps`` / ``num_stages``."""
-    first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False}
+    constexprs (``PERSISTENT`` and ``USE_TMA`` among them) and ``num_warps`` /
+    ``num_stages``. ``tma``: the caller's operands allow tensor descriptors (``[K, N]``
+    weights, unit inner strides): each CUDA config also comes in its ``USE_TMA`` form,
+    where ``k`` and ``n`` keep rows 16-byte aligned for any element type."""
+    first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
+             "USE_TMA": False}
     configs = [first]
     if target != "cuda":
         return configs
@@ -109,9 +113,11 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1,
     for bm, bn, bk, warps, stages, persistent in _CUDA_SPACE["large" if large else "decode"]:
         config = {"BLOCK_M": _block(m, bm), "BLOCK_N": _block(n, bn), "BLOCK_K": _block(k, bk),
                   "GROUP_M": 8, "num_warps": warps, "num_stages": stages,
-                  "PERSISTENT": persistent}
+                  "PERSISTENT": persistent, "USE_TMA": False}
         if config not in configs:
             configs.append(config)
+    if tma and k % 16 == 0 and n % 16 == 0:
+        configs += [dict(config, USE_TMA=True) for config in configs]
     return configs
 
 
@@ -125,30 +131,6 @@ def attention_blocks(seq: int, target: str = "cuda") -> dict[str, int]:
     _check_target(target)
     bm, bn = _ATTENTION_BLOCKS[target]
     return {"BLOCK_M": _block(seq, bm), "BLOCK_N": _block(seq, bn)}
-
-
-# TMA configs of the GEMM tile on CUDA: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages,
-# PERSISTENT).
-_TMA_SPACE = [(128, 256, 64, 8, 3, False), (128, 256, 64, 8, 3, True),
-              (128, 128, 64, 8, 4, False), (128, 128, 64, 8, 4, True),
-              (64, 128, 64, 4, 4, False)]
-
-
-def tma_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:
-    """Configs of the GEMM tile that move tiles with tensor descriptors (``USE_TMA``;
-    Hopper). CUDA only, and only where rows are 16-byte aligned for any element type (``k``
-    and ``n`` multiples of 16); clamped to the problem, without repeats."""
-    _check_target(target)
-    if target != "cuda" or k % 16 or n % 16:
-        return []
-    configs = []
-    for bm, bn, bk, warps, stages, persistent in _TMA_SPACE:
-        config = {"BLOCK_M": _block(m, bm), "BLOCK_N": _block(n, bn), "BLOCK_K": _block(k, bk),
-                  "GROUP_M": 8, "num_warps": warps, "num_stages": stages,
-                  "PERSISTENT": persistent, "USE_TMA": True}
-        if config not in configs:
-            configs.append(config)
-    return configs
 
 
 def split_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int]]:

@@ -14,11 +14,25 @@ def matmul_tile(
     M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):
-    """``A[pid_m tile, :] @ B[:, pid_n tile]`` accumulated in float32."""
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    return _mma(a_ptr + offs_m[:, None] * stride_am, b_ptr, pid_n, N, K, stride_ak, stride_bk,
-                stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    """``A[pid_m tile, :] @ B[:, pid_n tile]`` accumulated in float32. ``USE_TMA``: A and B
+    move through tensor descriptors made here (unit inner strides, 16-byte aligned rows;
+    rows and columns past the edges read as zeros)."""
+    if USE_TMA:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, stride_ak],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, stride_bn],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = tl.dot(a_desc.load([pid_m * BLOCK_M, k]), b_desc.load([k, pid_n * BLOCK_N]),
+                         acc)
+        return acc
+    else:
+        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        return _mma(a_ptr + offs_m[:, None] * stride_am, b_ptr, pid_n, N, K, stride_ak,
+                    stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -105,43 +119,16 @@ def matmul_kernel(
 ):
     """``C = A @ B``, one output tile per program in grouped (L2-friendly) order; or
     (``PERSISTENT``) fewer programs, each looping over tiles ``program, program + programs,
-    ...`` of that order. ``USE_TMA``: tiles move through tensor descriptors made on the
-    device (Hopper's bulk tensor copies; needs unit inner strides, 16-byte aligned rows)."""
+    ...`` of that order. ``USE_TMA``: :func:`matmul_tile`'s tensor-descriptor path, as the
+    fused kernels have it."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    first = tl.program_id(0)
     step = tl.num_programs(0) if PERSISTENT else tiles_m * tiles_n
-    if USE_TMA:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, stride_ak],
-                                           block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, stride_bn],
-                                           block_shape=[BLOCK_K, BLOCK_N])
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, stride_cn],
-                                           block_shape=[BLOCK_M, BLOCK_N])
-        for tile in range(first, tiles_m * tiles_n, step):
-            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k in range(0, K, BLOCK_K):
-                a = a_desc.load([pid_m * BLOCK_M, k])
-                b = b_desc.load([k, pid_n * BLOCK_N])
-                acc = tl.dot(a, b, acc)
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
-    else:
-        for tile in range(first, tiles_m * tiles_n, step):
-            _matmul_tile_at(tile, a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
-                            stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
-                            BLOCK_K, GROUP_M)
-
-
-@triton.jit
-def _matmul_tile_at(tile, a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
-                    stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Output tile number ``tile`` of the grouped order, computed and stored."""
-    pid_m, pid_n = grouped_tile(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
-                      stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
-    store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    for tile in range(tl.program_id(0), tiles_m * tiles_n, step):
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
+                          stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

@@ -24,7 +24,7 @@ def matmul_all_reduce_kernel(
     stride_am, stride_ak, stride_bk, stride_bn,
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False,
+    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
 ):
     """Each output tile: this rank's partial is computed, pushed (float32) to every other
     rank as soon as it is done, then all ranks' partials of that tile are summed in rank
@@ -45,18 +45,19 @@ def matmul_all_reduce_kernel(
         for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
             _matmul_all_reduce_tile(tile, a_ptr, b_ptr, c_ptr, slots, flags, me, world, epoch,
                                     M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     else:
         _matmul_all_reduce_tile(tl.program_id(0), a_ptr, b_ptr, c_ptr, slots, flags, me, world,
                                 epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
 
 
 @triton.jit
 def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, c_ptr, slots, flags, me, world, epoch, M, N,
                             K, stride_am, stride_ak, stride_bk, stride_bn,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                            USE_TMA: tl.constexpr):
     """Output tile number ``tile`` (grouped order)."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -65,7 +66,7 @@ def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, c_ptr, slots, flags, me, world, 
 
     # ---- this rank's partial tile ----
     acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
-                      stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+                      stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
 
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)

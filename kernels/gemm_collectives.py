@@ -33,6 +33,7 @@ def all_gather_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False,
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
@@ -53,11 +54,13 @@ def all_gather_matmul_kernel(
         for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             _all_gather_matmul_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, flags, me, world,
                                     epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
-                                    BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION)
+                                    BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
+                                    USE_TMA)
     else:
         _all_gather_matmul_tile(tl.program_id(0), x_ptr, w_ptr, bias_ptr, c_ptr, flags, me,
                                 world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
-                                BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION)
+                                BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
+                                USE_TMA)
 
 
 @triton.jit
@@ -65,7 +68,8 @@ def _all_gather_matmul_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, flags, me, worl
                             m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
-                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                            USE_TMA: tl.constexpr):
     """Output tile number ``tile`` of the rank-rotated order."""
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
@@ -77,7 +81,7 @@ def _all_gather_matmul_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, flags, me, worl
         dl.wait(flags + shard, 1, "sys", "acquire", epoch)
     a_ptr = dl.symm_at(x_ptr, shard)
     acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, stride_wk, stride_wn,
-                      BLOCK_M, BLOCK_N, BLOCK_K)
+                      BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
     acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
     if BATCHED:  # row (b, i) of the shard goes to row b * num_ranks * R + shard * R + i
         store_rows_tile(c_ptr + shard * R * N, acc, local_m, pid_n, m, N, R, world * R, N,
@@ -104,6 +108,7 @@ def matmul_reduce_scatter_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
@@ -126,12 +131,12 @@ def matmul_reduce_scatter_kernel(
             _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, slots, flags, me,
                                         world, epoch, seg, N, K, R, stride_wk, stride_wn,
                                         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                                        ACTIVATION)
+                                        ACTIVATION, USE_TMA)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), x_ptr, w_ptr, bias_ptr, c_ptr, slots,
                                     flags, me, world, epoch, seg, N, K, R, stride_wk,
                                     stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
-                                    HAS_BIAS, ACTIVATION)
+                                    HAS_BIAS, ACTIVATION, USE_TMA)
 
 
 @triton.jit
@@ -140,8 +145,9 @@ def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, slots, flag
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                 BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
-                                ACTIVATION: tl.constexpr):
-    """Output tile number ``tile`` of the own-segment-last order."""
+                                ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr):
+    """Output tile number ``tile`` of the own-segment-last order (``USE_TMA`` applies to
+    unbatched rows)."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n, segment = own_last_tile(tile, tiles_m, tiles_n, me, world, GROUP_M)
@@ -154,7 +160,7 @@ def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, slots, flag
                                BLOCK_K)
     else:
         acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1,
-                          stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+                          stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
         store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)

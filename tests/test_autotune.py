@@ -288,12 +288,13 @@ def test_the_ops_config_spaces_start_with_the_fixed_table():
         configs = tiles.gemm_configs(m, n, k)
         table = tiles.gemm_tiles(m, n, k)
         assert {key: configs[0][key] for key in table} == table
-        assert not configs[0]["PERSISTENT"]
+        assert not configs[0]["PERSISTENT"] and not configs[0]["USE_TMA"]
         assert len(configs) == len({tuple(sorted(c.items())) for c in configs})  # no repeats
     assert len(tiles.gemm_configs(8192, 8192, 8192)) > 1
     assert any(c["PERSISTENT"] for c in tiles.gemm_configs(8192, 8192, 8192))
     assert tiles.gemm_configs(64, 64, 64, target="ascend") == [
-        {**tiles.gemm_tiles(64, 64, 64, target="ascend"), "num_stages": 3, "PERSISTENT": False}]
+        {**tiles.gemm_tiles(64, 64, 64, target="ascend"), "num_stages": 3, "PERSISTENT": False,
+         "USE_TMA": False}]
     for n in (10, 5000, 1 << 20):
         configs = tiles.exchange_configs(n)
         assert configs[0] == {"BLOCK": tiles.exchange_block(n)[0], "num_warps": 4}

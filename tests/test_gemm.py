@@ -56,9 +56,13 @@ def test_gemm_benchmark_rows():
 def test_tma_configs_only_where_rows_are_aligned():
     from jax_triton_dist import tiles
 
-    configs = tiles.tma_configs(8192, 1376, 4096)
-    assert configs and all(c["USE_TMA"] for c in configs)
-    assert tiles.tma_configs(130, 70, 33) == [] == tiles.tma_configs(64, 64, 64, target="ascend")
+    plain = tiles.gemm_configs(8192, 1376, 4096)
+    both = tiles.gemm_configs(8192, 1376, 4096, tma=True)
+    assert not any(c["USE_TMA"] for c in plain)
+    assert both == plain + [dict(c, USE_TMA=True) for c in plain]
+    assert tiles.gemm_configs(130, 70, 33, tma=True) == tiles.gemm_configs(130, 70, 33)
+    assert tiles.gemm_configs(64, 64, 64, target="ascend", tma=True) == tiles.gemm_configs(
+        64, 64, 64, target="ascend")
 
 
 def test_split_k_configs_only_for_decode_shapes():

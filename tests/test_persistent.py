@@ -1,7 +1,8 @@
 """Persistent variants of the fused GEMM + communication kernels (fewer programs than
-tiles, each looping over tiles; all programs resident at once): on CPU every program of a
-co-resident launch runs on a thread of its own, so programs that wait on each other make
-progress as they do on a GPU. Checked against jnp.dot in float32 composed with jax.lax."""
+tiles, each looping over tiles; all programs resident at once), loading tiles through
+pointers or tensor descriptors (TMA): on CPU every program of a co-resident launch runs on
+a thread of its own, so programs that wait on each other make progress as they do on a
+GPU. Checked against jnp.dot in float32 composed with jax.lax."""
 
 import jax
 import jax.numpy as jnp
@@ -17,12 +18,14 @@ import jax_triton_dist.language as dl
 from jax_triton_dist import tiles
 
 
-@pytest.fixture
-def persistent(monkeypatch):
-    """The fused ops' only config: persistent, 3 programs per rank, small tiles."""
-    def configs(m, n, k, copies=1, target="cuda"):
+@pytest.fixture(params=[False, True], ids=["pointers", "tma"])
+def persistent(monkeypatch, request):
+    """The fused ops' only config: persistent, 3 programs per rank, small tiles; loading
+    through pointers, or through tensor descriptors where the op allows them."""
+    def configs(m, n, k, copies=1, target="cuda", tma=False):
+        use_tma = request.param and tma and k % 16 == 0 and n % 16 == 0
         return [{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
-                 "num_stages": 3, "PERSISTENT": True}]
+                 "num_stages": 3, "PERSISTENT": True, "USE_TMA": use_tma}]
 
     monkeypatch.setattr(tiles, "gemm_configs", configs)
     monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": 3)
@@ -55,12 +58,12 @@ def assert_close(out, ref, dtype):
                                          (4, jnp.float32), (2, jnp.bfloat16)])
 def test_all_gather_matmul(persistent, ranks, dtype):
     mesh = mesh_1d(ranks)
-    x, w = rand((ranks * 24, 40), ranks, dtype), rand((40, 56), 7, dtype, 0.2)
+    x, w = rand((ranks * 24, 48), ranks, dtype), rand((48, 64), 7, dtype, 0.2)
     f = jax.jit(jax.shard_map(lambda a, b: jtd.all_gather_matmul(a, b, "x"), mesh=mesh,
                               in_specs=(P("x"), P()), out_specs=P("x")))
     for _ in range(3):  # back to back: the flags of one call must not satisfy the next
         out = f(put(mesh, x, P("x")), put(mesh, w, P()))
-    for block in np.asarray(out, np.float32).reshape(ranks, ranks * 24, 56):  # every rank
+    for block in np.asarray(out, np.float32).reshape(ranks, ranks * 24, 64):  # every rank
         assert_close(block, dot32(x, w), dtype)
 
 
@@ -68,7 +71,7 @@ def test_all_gather_matmul(persistent, ranks, dtype):
                                          (4, jnp.float32), (2, jnp.bfloat16)])
 def test_matmul_reduce_scatter(persistent, ranks, dtype):
     mesh = mesh_1d(ranks)
-    x, w = rand((ranks * 20, ranks * 16), ranks, dtype), rand((ranks * 16, 36), 5, dtype, 0.2)
+    x, w = rand((ranks * 20, ranks * 16), ranks, dtype), rand((ranks * 16, 48), 5, dtype, 0.2)
     f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_reduce_scatter(a, b, "x"), mesh=mesh,
                               in_specs=(P(None, "x"), P("x")), out_specs=P("x")))
     for _ in range(3):

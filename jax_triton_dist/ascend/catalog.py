@@ -147,7 +147,7 @@ def _gemm_tiles(m: int, n: int, k: int, copies: int,
                persistent: bool = False) -> dict[str, int]:
     config = tiles.gemm_tiles(m, n, k, copies=copies, target="ascend")
     config.pop("num_warps")
-    return dict(config, PERSISTENT=persistent)
+    return dict(config, PERSISTENT=persistent, USE_TMA=False)
 
 
 def _fused(ranks: int, persistent: bool = False) -> list[Case]:

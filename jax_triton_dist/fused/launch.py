@@ -51,11 +51,12 @@ def _epilogue(x: jax.Array, bias: jax.Array | None, activation: str) -> dict:
     return {"bias": operand, "HAS_BIAS": bias is not None, "ACTIVATION": activation}
 
 
-def _tuned(kernel, m: int, n: int, k: int, copies: int) -> autotune.Autotuned:
+def _tuned(kernel, m: int, n: int, k: int, copies: int, w_nk: bool) -> autotune.Autotuned:
     """``kernel`` with the GEMM configs of ``copies`` ``[m, k] @ [k, n]`` products: the
-    fixed table's first (what runs on CPU and with tuning off), tuned on GPUs."""
+    fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; tensor-
+    descriptor forms for ``[K, N]`` weights."""
     configs = []
-    for config in tiles.gemm_configs(m, n, k, copies):
+    for config in tiles.gemm_configs(m, n, k, copies, tma=not w_nk):
         config = dict(config)
         warps, stages = config.pop("num_warps"), config.pop("num_stages")
         configs.append(autotune.Config(config, num_warps=warps, num_stages=stages,
@@ -82,7 +83,7 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None,
     out_shape = x.shape[:axis] + (size * x.shape[axis],) + x.shape[axis + 1:-1] + (n,)
     epilogue = _epilogue(x, bias, activation)
     return triton_call(
-        _tuned(all_gather_matmul_kernel, m, n, k, size), x.reshape(m, k), w,
+        _tuned(all_gather_matmul_kernel, m, n, k, size, w_nk), x.reshape(m, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
         workspace=[Workspace((2, size), jnp.int32)], symmetric=[0],
         grid=_grid(lambda meta: size * triton.cdiv(m, meta["BLOCK_M"])
@@ -108,7 +109,8 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
         return triton.cdiv(seg, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(matmul_reduce_scatter_kernel, seg, n, k, size), x.reshape(batch * rows, k), w,
+        _tuned(matmul_reduce_scatter_kernel, seg, n, k, size, w_nk or batch > 1),
+        x.reshape(batch * rows, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, seg, n), jnp.float32),
                                 Workspace((2, size, per_segment(meta)), jnp.int32)],
@@ -130,7 +132,7 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
         return triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(matmul_all_reduce_kernel, m, n, k, 1), x.reshape(m, k), w,
+        _tuned(matmul_all_reduce_kernel, m, n, k, 1, w_nk), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, m, n), jnp.float32),
                                 Workspace((2, size, num_tiles(meta)), jnp.int32)],
