@@ -102,7 +102,8 @@ def _tuned_job(op: str, world: int) -> dict[str, Any]:
     m, n, k = SHAPES[op]
     rows = m if op == "matmul_all_reduce" else m // world
     configs = []
-    for config in tiles.gemm_configs(rows, n, k, 1 if op == "matmul_all_reduce" else world):
+    for config in tiles.gemm_configs(rows, n, k, 1 if op == "matmul_all_reduce" else world,
+                                     tma=True):
         config = dict(config, PERSISTENT=True)
         warps, stages = config.pop("num_warps"), config.pop("num_stages")
         tuned = autotune.Config(config, num_warps=warps, num_stages=stages, co_resident=True)
