@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 
-from jax_triton_dist import tiles
+from jax_triton_dist import autotune, tiles
 from jax_triton_dist.axis_names import axis_size
 from jax_triton_dist.collectives import all_gather, reduce_scatter
 from jax_triton_dist.kernels.attention import (
@@ -80,19 +80,27 @@ def _scale(scale: float | None, d: int) -> float:
     return float(1.0 / math.sqrt(d) if scale is None else scale)
 
 
+def _tuned(kernel, s: int, d: int, forward: bool) -> autotune.Autotuned:
+    """``kernel`` with the attention configs of ``s`` local rows (``tiles.attention_configs``:
+    the table's first, which runs on CPU and with tuning off; tuned on GPUs)."""
+    configs = []
+    for config in tiles.attention_configs(s, d, forward=forward):
+        config = dict(config)
+        warps, stages = config.pop("num_warps"), config.pop("num_stages")
+        configs.append(autotune.Config(config, num_warps=warps, num_stages=stages))
+    return autotune.autotune(configs)(kernel)
+
+
 def _attention_forward(q, k, v, axis_name, causal, scale, zigzag):
     b, s, h, kvh, d = q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]
     world = axis_size(axis_name)
-    blocks = tiles.attention_blocks(s)
     return triton_call(
-        sequence_parallel_attention_kernel, q, k, v,
+        _tuned(sequence_parallel_attention_kernel, s, d, forward=True), q, k, v,
         out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((b, s, h), jnp.float32)),
         workspace=[Workspace((2, world), jnp.int32)], symmetric=[1, 2],
-        grid=(b * h * triton.cdiv(s, blocks["BLOCK_M"]),), axis_name=axis_name,
-        num_warps=4 if d <= 64 else 8, num_stages=2,
-        B=b, S=s, H=h, KVH=kvh, scale=scale, HEAD_DIM=d, CAUSAL=causal, ZIGZAG=zigzag,
-        **blocks)
+        grid=lambda meta: (b * h * triton.cdiv(s, meta["BLOCK_M"]),), axis_name=axis_name,
+        B=b, S=s, H=h, KVH=kvh, scale=scale, HEAD_DIM=d, CAUSAL=causal, ZIGZAG=zigzag)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -112,19 +120,17 @@ def _attention_bwd(axis_name, causal, scale, zigzag, residuals, dout):
     world = axis_size(axis_name)
     k_all = all_gather(k, axis_name, axis=1, tiled=True)  # [b, world * s, kvh, d]
     v_all = all_gather(v, axis_name, axis=1, tiled=True)
-    blocks = tiles.attention_blocks(s)
-    common = dict(axis_name=axis_name, num_warps=4 if d <= 64 else 8, num_stages=2, B=b,
-                  SQ=s, H=h, KVH=kvh, scale=scale, HEAD_DIM=d, CAUSAL=causal, ZIGZAG=zigzag,
-                  **blocks)
+    common = dict(axis_name=axis_name, B=b, SQ=s, H=h, KVH=kvh, scale=scale, HEAD_DIM=d,
+                  CAUSAL=causal, ZIGZAG=zigzag)
     dout = dout.astype(q.dtype)
     dk_all, dv_all = triton_call(
-        attention_bwd_dkdv_kernel, q, out, dout, lse, k_all, v_all,
+        _tuned(attention_bwd_dkdv_kernel, s, d, forward=False), q, out, dout, lse, k_all, v_all,
         out_shape=(jax.ShapeDtypeStruct(k_all.shape, jnp.float32),
                    jax.ShapeDtypeStruct(v_all.shape, jnp.float32)),
-        grid=(b * kvh * triton.cdiv(world * s, blocks["BLOCK_N"]),), **common)
-    dq = triton_call(attention_bwd_dq_kernel, q, out, dout, lse, k_all, v_all,
-                     out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                     grid=(b * h * triton.cdiv(s, blocks["BLOCK_M"]),), **common)
+        grid=lambda meta: (b * kvh * triton.cdiv(world * s, meta["BLOCK_N"]),), **common)
+    dq = triton_call(_tuned(attention_bwd_dq_kernel, s, d, forward=False), q, out, dout, lse,
+                     k_all, v_all, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                     grid=lambda meta: (b * h * triton.cdiv(s, meta["BLOCK_M"]),), **common)
     # Every rank holds its queries' share of every key's gradient: sum them on the
     # keys' own ranks.
     dk = reduce_scatter(dk_all, axis_name, scatter_dimension=1, tiled=True)

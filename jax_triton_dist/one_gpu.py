@@ -147,11 +147,12 @@ class _Job:
     """The ranks of one kernel on one GPU: SHMEM, the team's region, a stream and buffers
     per rank, the chosen variant loaded once per rank; :meth:`close` releases them."""
 
-    def __init__(self, kernel, world, inputs, outputs, workspaces, grid, kwargs, device,
-                 symmetric, options):
+    def __init__(self, caller, kernel, world, inputs, outputs, workspaces, grid, kwargs,
+                 device, symmetric, options):
+        self.caller = f"one_gpu.{caller}"  # what errors name
         if cuda_dispatch.launcher() is None or not cuda_driver.available():
             raise RuntimeError(
-                "one_gpu needs the CUDA launcher and a GPU "
+                f"{self.caller} needs the CUDA launcher and a GPU "
                 f"({cuda_driver.unavailable_reason() or 'no CUDA launcher built'})")
         self.drv = drv = cuda_driver.driver()
         self.world, self.device, self.inputs = world, device, inputs
@@ -222,7 +223,7 @@ class _Job:
             self.drv.stream_synchronize(self.device, stream)
         failure = cuda_dispatch.take_failure(self.device, self.site.call_id, self.site.label)
         if failure:
-            raise RuntimeError(f"one_gpu, call {call}: {failure}")
+            raise RuntimeError(f"{self.caller}, call {call}: {failure}")
 
     def results(self) -> list[list[np.ndarray]]:
         return [[np.frombuffer(self.drv.read(self.device, buf, spec.nbytes), spec.dtype)
@@ -280,8 +281,8 @@ def run_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np.
     Inside ``jtd.timeline.record`` the launches are timed (every rank's programs, waits and
     notifies on the GPU's clock), which shows how the ranks' work interleaved on the GPU.
     """
-    job = _Job(kernel, world, inputs, outputs, workspaces, grid, kwargs, device, symmetric,
-               _options(num_warps, num_stages))
+    job = _Job("run_ranks", kernel, world, inputs, outputs, workspaces, grid, kwargs, device,
+               symmetric, _options(num_warps, num_stages))
     try:
         results = []
         for call in range(calls):
@@ -306,8 +307,8 @@ def time_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np
     ``warmup`` untimed ones), on the first call's inputs: from an event recorded before
     the ranks' launches to the last rank's end (their makespan, launch skew included).
     Arguments as :func:`run_ranks`."""
-    job = _Job(kernel, world, inputs, outputs, workspaces, grid, kwargs, device, symmetric,
-               _options(num_warps, num_stages))
+    job = _Job("time_ranks", kernel, world, inputs, outputs, workspaces, grid, kwargs,
+               device, symmetric, _options(num_warps, num_stages))
     drv = job.drv
     start = drv.event_create(device)
     ends = [drv.event_create(device) for _ in range(world)]

@@ -12,7 +12,8 @@ import triton
 
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
            "gemm_configs", "fill_programs", "split_k_configs",
-           "attention_blocks", "moe_dispatch_blocks", "moe_combine_blocks"]
+           "attention_blocks", "attention_configs", "moe_dispatch_blocks",
+           "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
 MAX_EXCHANGE_BLOCK = 4096
@@ -82,7 +83,8 @@ _CUDA_SPACE = {
     "large": [(128, 256, 64, 8, 3, False), (256, 128, 64, 8, 3, False),
               (128, 128, 64, 4, 4, False), (128, 64, 64, 4, 4, False),
               (64, 128, 64, 4, 4, False), (128, 128, 64, 8, 3, True),
-              (128, 256, 64, 8, 3, True)],
+              (128, 256, 64, 8, 3, True), (128, 256, 64, 8, 4, False),
+              (128, 256, 64, 8, 4, True)],
     "decode": [(64, 64, 64, 4, 4, False), (32, 64, 128, 4, 4, False),
                (64, 128, 64, 4, 4, False), (128, 64, 64, 4, 3, False),
                (64, 64, 128, 4, 3, True)],
@@ -131,6 +133,43 @@ def attention_blocks(seq: int, target: str = "cuda") -> dict[str, int]:
     _check_target(target)
     bm, bn = _ATTENTION_BLOCKS[target]
     return {"BLOCK_M": _block(seq, bm), "BLOCK_N": _block(seq, bn)}
+
+
+# The autotuner's attention space on CUDA after the table's choice: (BLOCK_M, BLOCK_N,
+# num_warps, num_stages). The forward kernel and each backward kernel tune over it
+# separately; the forward kernel's first ``_ATTENTION_TMA`` also come with tensor-
+# descriptor loads (``USE_TMA``).
+_ATTENTION_SPACE = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
+                    (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 4)]
+_ATTENTION_TMA = 4
+
+
+def attention_configs(seq: int, head_dim: int, target: str = "cuda",
+                      forward: bool = False) -> list[dict[str, int | bool]]:
+    """The autotuner's configs of the attention kernels for ``seq`` local rows: the
+    table's :func:`attention_blocks` first (``num_warps`` 4, or 8 past ``head_dim`` 64;
+    ``num_stages`` 2), then (CUDA) the space above clamped to the problem, without
+    repeats. Each is a dict of ``BLOCK_M``, ``BLOCK_N``, ``num_warps`` and ``num_stages``;
+    ``forward``: the forward kernel's, which also set ``USE_TMA`` (keys and values through
+    tensor descriptors: CUDA) and ``SPLIT_MASKED`` (an unmasked loop over the key blocks
+    every query sees, then a masked one; False on Ascend, whose unified buffer does not
+    hold two loop bodies at its blocks: bishengir-compile reports "ub overflow")."""
+    _check_target(target)
+    extra = {"USE_TMA": False, "SPLIT_MASKED": target == "cuda"} if forward else {}
+    first = {**attention_blocks(seq, target), **extra,
+             "num_warps": 4 if head_dim <= 64 else 8, "num_stages": 2}
+    configs = [first]
+    if target != "cuda":
+        return configs
+    for i, (bm, bn, warps, stages) in enumerate(_ATTENTION_SPACE + _ATTENTION_SPACE[
+            :_ATTENTION_TMA if forward else 0]):
+        config = {"BLOCK_M": _block(seq, bm), "BLOCK_N": _block(seq, bn), **extra,
+                  "num_warps": warps, "num_stages": stages}
+        if i >= len(_ATTENTION_SPACE):
+            config["USE_TMA"] = True
+        if config not in configs:
+            configs.append(config)
+    return configs
 
 
 def split_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int]]:

@@ -58,19 +58,60 @@ def online_softmax_step(acc, m_i, l_i, qk, v):
     p = tl.exp2(qk - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
 @triton.jit
-def _block_scores(q, k_rows, offs_n, n_valid, pos_q, pos_k, scale, CAUSAL: tl.constexpr):
-    """Base-2 scores of ``q`` against the key block at ``k_rows``, masked."""
-    k = tl.load(k_rows, mask=(offs_n < n_valid)[:, None], other=0.0)
-    qk = tl.dot(q, tl.trans(k)) * (scale * LOG2E)
-    keep = (offs_n < n_valid)[None, :]
-    if CAUSAL:
-        keep = keep & (pos_k[None, :] <= pos_q[:, None])
-    return tl.where(keep, qk, float("-inf"))
+def _key_block(ptr, desc, offs_n, start, n_valid, rows_base, row_stride,
+               HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows ``start + offs_n`` (``[BLOCK_N, HEAD_DIM]``) of a key or value matrix whose row
+    ``j`` starts at ``ptr + rows_base + j * row_stride``; rows at or past ``n_valid`` read
+    as zeros (``MASKED``; tensor descriptors zero-fill past the matrix on their own)."""
+    if USE_TMA:
+        return desc.load([start, 0])
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        rows = ptr + rows_base + (start + offs_n)[:, None] * row_stride + offs_d[None, :]
+        if MASKED:
+            return tl.load(rows, mask=(start + offs_n < n_valid)[:, None], other=0.0)
+        else:
+            return tl.load(rows)
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, k_src, v_src, k_desc, v_desc, lo, hi, S, rows_base,
+            row_stride, pos_q, src, world, qk_scale, HEAD_DIM: tl.constexpr,
+            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+            ZIGZAG: tl.constexpr, USE_TMA: tl.constexpr):
+    """Online softmax of ``q`` over rank ``src``'s key rows ``[lo, hi)`` (``lo`` a multiple
+    of ``BLOCK_N``). ``MASKED`` False: every row in range is valid and causally visible
+    to every query of the block (no mask is built: the hot loop); True: rows past ``S``
+    and (``CAUSAL``) keys after a query's position are masked out."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):
+        k = _key_block(k_src, k_desc, offs_n, start, S, rows_base, row_stride, HEAD_DIM,
+                       MASKED, USE_TMA)
+        v = _key_block(v_src, v_desc, offs_n, start, S, rows_base, row_stride, HEAD_DIM,
+                       MASKED, USE_TMA)
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            keep = (start + offs_n < S)[None, :]
+            if CAUSAL:
+                pos_k = sequence_position(start + offs_n, src, world, S, ZIGZAG)
+                keep = keep & (pos_k[None, :] <= pos_q[:, None])
+            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i,
+                                                tl.where(keep, qk * qk_scale, float("-inf")),
+                                                v)
+        else:
+            # every score is finite: no guard for rows that have seen nothing
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.exp2(qk * qk_scale - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -87,14 +128,20 @@ def sequence_parallel_attention_kernel(
     scale,
     # Meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, ZIGZAG: tl.constexpr,
+    CAUSAL: tl.constexpr, ZIGZAG: tl.constexpr, USE_TMA: tl.constexpr = False,
+    SPLIT_MASKED: tl.constexpr = True,
 ):
     """Program ``(b, h, query block)``: flash attention over every rank's keys and values,
     this rank's first (local, no wait), then each peer's around the ring, read from the
     peer's symmetric copy once its flag has landed. Program 0 announces this rank's copy.
-    Causal: only the prefix of a rank's key rows at or before the block's last query is
-    visited (a loop bound, not a branch: Ascend's pipeline rejects a branch around the
-    block's matmuls).
+
+    Per rank (``SPLIT_MASKED``), two loops over key blocks: the blocks every query of the
+    block sees whole (no mask built), then the rest up to the last key any of its queries
+    sees (causal: the diagonal blocks; else the ragged tail past a multiple of
+    ``BLOCK_N``); else one masked loop over them all (a smaller on-chip footprint). Causal
+    blocks after the block's last query are never visited (loop bounds, not branches:
+    Ascend's pipeline rejects a branch around the block's matmuls). ``USE_TMA``: keys and
+    values move through tensor descriptors made here (CUDA; 16-byte aligned rows).
     """
     pid = tl.program_id(0)
     me = dl.rank()
@@ -117,6 +164,10 @@ def sequence_parallel_attention_kernel(
     pos_q = sequence_position(offs_m, me, world, S, ZIGZAG)
     pos_q = tl.where(offs_m < S, pos_q, -1)  # padded rows: no key is causal for them
     last_q = tl.max(pos_q, 0)
+    first_q = tl.min(tl.where(offs_m < S, pos_q, last_q), 0)
+    qk_scale = scale * LOG2E
+    rows_base = (b * S * KVH + kvh) * HEAD_DIM  # row j of (b, kvh): rows_base + j * stride
+    row_stride = KVH * HEAD_DIM
 
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -128,16 +179,29 @@ def sequence_parallel_attention_kernel(
             dl.wait(flags + src, 1, "sys", "acquire", epoch)
         k_src = dl.symm_at(k_ptr, src)
         v_src = dl.symm_at(v_ptr, src)
+        k_desc = k_src
+        v_desc = v_src
+        if USE_TMA:
+            k_desc = tl.make_tensor_descriptor(k_src + rows_base, shape=[S, HEAD_DIM],
+                                               strides=[row_stride, 1],
+                                               block_shape=[BLOCK_N, HEAD_DIM])
+            v_desc = tl.make_tensor_descriptor(v_src + rows_base, shape=[S, HEAD_DIM],
+                                               strides=[row_stride, 1],
+                                               block_shape=[BLOCK_N, HEAD_DIM])
         rows_end = S
+        whole = S // BLOCK_N * BLOCK_N
         if CAUSAL:
             rows_end = causal_key_rows(last_q, src, world, S, ZIGZAG)
-        for start in range(0, rows_end, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            pos_k = sequence_position(offs_n, src, world, S, ZIGZAG)
-            rows = ((b * S + offs_n) * KVH + kvh)[:, None] * HEAD_DIM + offs_d[None, :]
-            qk = _block_scores(q, k_src + rows, offs_n, S, pos_q, pos_k, scale, CAUSAL)
-            v = tl.load(v_src + rows, mask=(offs_n < S)[:, None], other=0.0)
-            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, v)
+            whole = causal_key_rows(first_q, src, world, S, ZIGZAG) // BLOCK_N * BLOCK_N
+        if SPLIT_MASKED:
+            acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_src, v_src, k_desc, v_desc, 0, whole,
+                                    S, rows_base, row_stride, pos_q, src, world, qk_scale,
+                                    HEAD_DIM, BLOCK_N, False, CAUSAL, ZIGZAG, USE_TMA)
+        else:
+            whole = 0
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_src, v_src, k_desc, v_desc, whole,
+                                rows_end, S, rows_base, row_stride, pos_q, src, world,
+                                qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, ZIGZAG, USE_TMA)
 
     # ---- normalise; store the output and the log-sum-exp (natural log) ----
     seen = l_i > 0.0

@@ -10,6 +10,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jax_triton_dist as jtd
+from jax_triton_dist import tiles
 from jax_triton_dist.attention import unzigzag, zigzag
 
 XLA_COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
@@ -95,6 +96,43 @@ def test_gradients_match_the_reference(causal, layout, kvh):
     order = (lambda x: zigzag(x, ranks)) if layout == "zigzag" else (lambda x: x)
     undo = (lambda x: unzigzag(x, ranks)) if layout == "zigzag" else (lambda x: x)
     weights = jnp.asarray(np.random.default_rng(14).standard_normal(q.shape), jnp.float32)
+    ours = jax.jit(jax.grad(lambda a, b, c: jnp.sum(undo(f(order(a), order(b), order(c)))
+                                                     * weights), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.grad(lambda a, b, c: jnp.sum(reference(a, b, c, causal) * weights),
+                    argnums=(0, 1, 2))(q, k, v)
+    for got, ref in zip(ours, want, strict=True):
+        close(got, ref, jnp.float32)
+
+
+@pytest.fixture(params=[(16, 16, False, True), (16, 16, True, True), (32, 16, True, True),
+                        (16, 32, False, True), (16, 16, False, False)],
+                ids=lambda c: f"m{c[0]}-n{c[1]}-{'tma' if c[2] else 'pointers'}"
+                              f"{'' if c[3] else '-one-loop'}")
+def attention_config(monkeypatch, request):
+    """The attention kernels' only config: small blocks (so local sequences of a few
+    blocks run both the unmasked and the masked key loops, or the one masked loop Ascend
+    uses), through pointers or (the forward kernel) tensor descriptors."""
+    bm, bn, use_tma, split = request.param
+
+    def configs(seq, head_dim, target="cuda", forward=False):
+        extra = {"USE_TMA": use_tma, "SPLIT_MASKED": split} if forward else {}
+        return [{"BLOCK_M": bm, "BLOCK_N": bn, **extra, "num_warps": 4, "num_stages": 2}]
+
+    monkeypatch.setattr(tiles, "attention_configs", configs)
+
+
+@pytest.mark.parametrize("causal, layout", [(False, "contiguous"), (True, "contiguous"),
+                                            (True, "zigzag")])
+def test_every_block_config_and_tensor_descriptors(attention_config, causal, layout):
+    ranks = 2
+    # 40 rows a rank: whole blocks and a ragged tail; zigzag chunks of 20 rows straddle
+    # query blocks.
+    q, k, v = qkv(1, 40 * ranks, 2, 1, 16, jnp.float32, seed=23)
+    f = sp(mesh_of((ranks,), ("sp",)), "sp", causal=causal, layout=layout)
+    order = (lambda x: zigzag(x, ranks)) if layout == "zigzag" else (lambda x: x)
+    undo = (lambda x: unzigzag(x, ranks)) if layout == "zigzag" else (lambda x: x)
+    close(undo(f(*(order(x) for x in (q, k, v)))), reference(q, k, v, causal), jnp.float32)
+    weights = jnp.asarray(np.random.default_rng(24).standard_normal(q.shape), jnp.float32)
     ours = jax.jit(jax.grad(lambda a, b, c: jnp.sum(undo(f(order(a), order(b), order(c)))
                                                      * weights), argnums=(0, 1, 2)))(q, k, v)
     want = jax.grad(lambda a, b, c: jnp.sum(reference(a, b, c, causal) * weights),

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import triton
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -295,6 +296,17 @@ def test_the_ops_config_spaces_start_with_the_fixed_table():
     assert tiles.gemm_configs(64, 64, 64, target="ascend") == [
         {**tiles.gemm_tiles(64, 64, 64, target="ascend"), "num_stages": 3, "PERSISTENT": False,
          "USE_TMA": False}]
+    for seq, d in ((4096, 128), (40, 64), (8, 16)):
+        configs = tiles.attention_configs(seq, d, forward=True)
+        assert {key: configs[0][key] for key in ("BLOCK_M", "BLOCK_N")} == \
+            tiles.attention_blocks(seq)
+        assert not configs[0]["USE_TMA"] and configs[0]["SPLIT_MASKED"]
+        assert len(configs) == len({tuple(sorted(c.items())) for c in configs})  # no repeats
+        assert all(16 <= c["BLOCK_M"] <= max(16, triton.next_power_of_2(seq)) for c in configs)
+    assert any(c["USE_TMA"] for c in tiles.attention_configs(4096, 128, forward=True))
+    assert not any("USE_TMA" in c for c in tiles.attention_configs(4096, 128))  # backward
+    ascend = tiles.attention_configs(4096, 128, target="ascend", forward=True)
+    assert len(ascend) == 1 and not ascend[0]["USE_TMA"] and not ascend[0]["SPLIT_MASKED"]
     for n in (10, 5000, 1 << 20):
         configs = tiles.exchange_configs(n)
         assert configs[0] == {"BLOCK": tiles.exchange_block(n)[0], "num_warps": 4}

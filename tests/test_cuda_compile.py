@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
+from jax_triton_dist.kernels.attention import sequence_parallel_attention_kernel
 from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
@@ -110,3 +111,18 @@ def test_bad_scope_is_a_compile_error():
 
     with pytest.raises(Exception, match=r"scope must be one of \['cta', 'gpu', 'sys'\]"):
         ptx_of(bad_scope_kernel, [I32], {})
+
+
+@pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
+def test_attention_forward_compiles_to_wgmma(use_tma):
+    """The tuned forward's large blocks (128 queries x 64 keys, head_dim 128, 8 warps):
+    both products on Hopper's warpgroup MMA; keys and values through bulk tensor copies
+    when ``USE_TMA``."""
+    signature, constexprs = signature_of(
+        sequence_parallel_attention_kernel, [("pointer", p) for p in (BF16,) * 4 + (F32, I32)],
+        {"B": 1, "S": 4096, "H": 32, "KVH": 32, "scale": 0.088, "HEAD_DIM": 128,
+         "BLOCK_M": 128, "BLOCK_N": 64, "CAUSAL": True, "ZIGZAG": False, "USE_TMA": use_tma})
+    ptx = compile_kernel(sequence_parallel_attention_kernel, signature, constexprs,
+                         num_warps=8, num_stages=3).asm["ptx"]
+    assert ptx.count("wgmma.mma_async") >= 2 and "ld.global.sys.acquire" in ptx
+    assert ("cp.async.bulk.tensor" in ptx) == use_tma

@@ -210,6 +210,9 @@ def _moe(ranks: int) -> list[Case]:
 def _attention(ranks: int) -> list[Case]:
     b, s, h, kvh, d = 1, 128, 4, 2, 64  # per rank
     blocks = tiles.attention_blocks(s, target="ascend")
+    forward = {key: value for key, value in
+               tiles.attention_configs(s, d, target="ascend", forward=True)[0].items()
+               if key in ("USE_TMA", "SPLIT_MASKED")}
     sizes = {"B": b, "H": h, "KVH": kvh, "scale": 0.125}
     options = dict(blocks, HEAD_DIM=d, CAUSAL=True, ZIGZAG=False)
     module = "jax_triton_dist.kernels.attention:"
@@ -218,7 +221,8 @@ def _attention(ranks: int) -> list[Case]:
     return [
         Case("sequence_parallel_attention", module + "sequence_parallel_attention_kernel",
              {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "o_ptr": "bf16",
-              "lse_ptr": "fp32", "flags_ptr": "i32"}, dict(sizes, S=s), options,
+              "lse_ptr": "fp32", "flags_ptr": "i32"}, dict(sizes, S=s),
+             {**options, **forward},
              # program 0 announces to every peer; the loop over ranks waits for each
              Expected(notifies=ranks - 1, waits=ranks)),
         Case("attention_bwd_dkdv", module + "attention_bwd_dkdv_kernel",
