@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
-from jax_triton_dist.kernels.attention import sequence_parallel_attention_kernel
 from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
+from jax_triton_dist.kernels.attention import sequence_parallel_attention_kernel
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
 from jax_triton_dist.kernels.gemm_collectives import (
