@@ -127,7 +127,7 @@ def _attention_bwd(axis_name, causal, scale, zigzag, residuals, dout):
         _tuned(attention_bwd_dkdv_kernel, s, d, forward=False), q, out, dout, lse, k_all, v_all,
         out_shape=(jax.ShapeDtypeStruct(k_all.shape, jnp.float32),
                    jax.ShapeDtypeStruct(v_all.shape, jnp.float32)),
-        grid=lambda meta: (b * kvh * triton.cdiv(world * s, meta["BLOCK_N"]),), **common)
+        grid=lambda meta: (b * kvh * world * triton.cdiv(s, meta["BLOCK_N"]),), **common)
     dq = triton_call(_tuned(attention_bwd_dq_kernel, s, d, forward=False), q, out, dout, lse,
                      k_all, v_all, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
                      grid=lambda meta: (b * h * triton.cdiv(s, meta["BLOCK_M"]),), **common)

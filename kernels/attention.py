@@ -254,30 +254,38 @@ def attention_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ZIGZAG: tl.constexpr,
 ):
-    """Program ``(b, kv head, key block)``: the gradients of that key block from every
-    query head of the group and every local query block. Row ``j`` of the gathered keys
-    is row ``j % SQ`` of rank ``j // SQ``."""
+    """Program ``(b, kv head, rank src, key block of src's rows)``: the gradients of that
+    key block from every query head of the group and every local query block. Row ``j``
+    of the gathered keys is row ``j % SQ`` of rank ``j // SQ``. Causal: the local query
+    blocks wholly before the block's first key are not visited (a loop bound)."""
     pid = tl.program_id(0)
     me = dl.rank()
     world = dl.num_ranks()
     SK = world * SQ
-    blocks_n = tl.cdiv(SK, BLOCK_N)
-    bkv = pid // blocks_n
+    blocks_n = tl.cdiv(SQ, BLOCK_N)
+    bkv = pid // (world * blocks_n)
     b = bkv // KVH
     kvh = bkv % KVH
+    src = pid // blocks_n % world
     group = H // KVH
-    offs_n = (pid % blocks_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_local = (pid % blocks_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = src * SQ + offs_local
     offs_d = tl.arange(0, HEAD_DIM)
-    valid_k = offs_n < SK
-    pos_k = sequence_position(offs_n % SQ, offs_n // SQ, world, SQ, ZIGZAG)
+    valid_k = offs_local < SQ
+    pos_k = sequence_position(offs_local, src, world, SQ, ZIGZAG)
     kv_rows = ((b * SK + offs_n) * KVH + kvh)[:, None] * HEAD_DIM + offs_d[None, :]
     k = tl.load(k_ptr + kv_rows, mask=valid_k[:, None], other=0.0)
     v = tl.load(v_ptr + kv_rows, mask=valid_k[:, None], other=0.0)
+    lo = 0
+    if CAUSAL:
+        # my query rows before the block's first key see none of it: they form a prefix
+        first_k = tl.min(tl.where(valid_k, pos_k, tl.max(pos_k, 0)), 0)
+        lo = causal_key_rows(first_k - 1, me, world, SQ, ZIGZAG) // BLOCK_M * BLOCK_M
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     for g in range(0, group):
         h = kvh * group + g
-        for start in range(0, SQ, BLOCK_M):
+        for start in range(lo, SQ, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
             valid_q = offs_m < SQ
             pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
@@ -306,7 +314,9 @@ def attention_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ZIGZAG: tl.constexpr,
 ):
-    """Program ``(b, h, query block)``: the gradient of those queries over every key."""
+    """Program ``(b, h, query block)``: the gradient of those queries over every key, rank
+    by rank. Causal: only the prefix of each rank's key rows at or before the block's last
+    query is visited (a loop bound)."""
     pid = tl.program_id(0)
     me = dl.rank()
     world = dl.num_ranks()
@@ -320,21 +330,27 @@ def attention_bwd_dq_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     valid_q = offs_m < SQ
     pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
+    last_q = tl.max(tl.where(valid_q, pos_q, -1), 0)
     q, do, lse, delta = _query_block(q_ptr, o_ptr, do_ptr, lse_ptr, b, h, offs_m, SQ, H,
                                      HEAD_DIM)
     rows = ((b * SQ + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    for start in range(0, SK, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        valid_k = offs_n < SK
-        pos_k = sequence_position(offs_n % SQ, offs_n // SQ, world, SQ, ZIGZAG)
-        kv_rows = ((b * SK + offs_n) * KVH + kvh)[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(k_ptr + kv_rows, mask=valid_k[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_rows, mask=valid_k[:, None], other=0.0)
-        p = _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL)
-        dp = tl.dot(do, tl.trans(v)).to(tl.float32)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k) * scale
+    for src in range(0, world):
+        rows_end = SQ
+        if CAUSAL:
+            rows_end = causal_key_rows(last_q, src, world, SQ, ZIGZAG)
+        for start in range(0, rows_end, BLOCK_N):
+            offs_local = start + tl.arange(0, BLOCK_N)
+            valid_k = offs_local < SQ
+            pos_k = sequence_position(offs_local, src, world, SQ, ZIGZAG)
+            kv_rows = ((b * SK + src * SQ + offs_local) * KVH + kvh)[:, None] * HEAD_DIM \
+                + offs_d[None, :]
+            k = tl.load(k_ptr + kv_rows, mask=valid_k[:, None], other=0.0)
+            v = tl.load(v_ptr + kv_rows, mask=valid_k[:, None], other=0.0)
+            p = _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL)
+            dp = tl.dot(do, tl.trans(v)).to(tl.float32)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k) * scale
     tl.store(dq_ptr + rows, dq.to(dq_ptr.dtype.element_ty), mask=valid_q[:, None])
 
 
