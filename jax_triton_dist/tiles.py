@@ -98,14 +98,17 @@ def fill_programs(target: str = "cuda") -> int:
 
 
 def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
-                 tma: bool = False) -> list[dict[str, int | bool]]:
+                 tma: bool = False, flatten: bool = False) -> list[dict[str, int | bool]]:
     """The autotuner's configs for ``copies`` ``[m, k] @ [k, n]`` products in one grid:
     :func:`gemm_tiles`' choice first (with ``num_stages`` 3), then the target's space for
     the problem's size, clamped to the problem, without repeats. Each is a dict of the
     constexprs (``PERSISTENT`` and ``USE_TMA`` among them) and ``num_warps`` /
     ``num_stages``. ``tma``: the caller's operands allow tensor descriptors (``[K, N]``
     weights, unit inner strides): each CUDA config also comes in its ``USE_TMA`` form,
-    where ``k`` and ``n`` keep rows 16-byte aligned for any element type."""
+    where ``k`` and ``n`` keep rows 16-byte aligned for any element type. ``flatten``: the
+    GEMM tile kernel's (``kernels/gemm.py``) ``FLATTEN`` forms of the persistent
+    ``USE_TMA`` configs follow (its tile and K loops pipelined as one; the fused kernels,
+    whose tile loops wait on flags, have no such form)."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}
     configs = [first]
@@ -120,6 +123,9 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
             configs.append(config)
     if tma and k % 16 == 0 and n % 16 == 0:
         configs += [dict(config, USE_TMA=True) for config in configs]
+        if flatten:
+            configs += [dict(config, FLATTEN=True) for config in configs
+                        if config["USE_TMA"] and config["PERSISTENT"]]
     return configs
 
 

@@ -8,31 +8,41 @@ from jax_triton_dist.swizzle import grouped_tile
 
 
 @triton.jit
+def tile_descriptor(ptr, rows, cols, stride_row, stride_col,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A tensor descriptor (TMA) of the ``[rows, cols]`` matrix at ``ptr`` moving
+    ``[BLOCK_R, BLOCK_C]`` blocks: unit ``stride_col``, 16-byte aligned rows; blocks past
+    the edges read as zeros. Made in the kernel: once per program where every tile reads
+    the same matrix (the descriptor is written to global scratch and fenced)."""
+    return tl.make_tensor_descriptor(ptr, shape=[rows, cols], strides=[stride_row, stride_col],
+                                     block_shape=[BLOCK_R, BLOCK_C])
+
+
+@triton.jit
+def matmul_tile_tma(a_desc, b_desc, row, col, K,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``A[row:row + BLOCK_M, :] @ B[:, col:col + BLOCK_N]`` accumulated in float32, A and B
+    read through :func:`tile_descriptor` descriptors (blocks ``[BLOCK_M, BLOCK_K]`` and
+    ``[BLOCK_K, BLOCK_N]``)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        acc = tl.dot(a_desc.load([row, k]), b_desc.load([k, col]), acc)
+    return acc
+
+
+@triton.jit
 def matmul_tile(
     a_ptr, b_ptr,  # A [M, K], B [K, N]
     pid_m, pid_n,
     M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
 ):
-    """``A[pid_m tile, :] @ B[:, pid_n tile]`` accumulated in float32. ``USE_TMA``: A and B
-    move through tensor descriptors made here (unit inner strides, 16-byte aligned rows;
-    rows and columns past the edges read as zeros)."""
-    if USE_TMA:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, stride_ak],
-                                           block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, stride_bn],
-                                           block_shape=[BLOCK_K, BLOCK_N])
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            acc = tl.dot(a_desc.load([pid_m * BLOCK_M, k]), b_desc.load([k, pid_n * BLOCK_N]),
-                         acc)
-        return acc
-    else:
-        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-        return _mma(a_ptr + offs_m[:, None] * stride_am, b_ptr, pid_n, N, K, stride_ak,
-                    stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    """``A[pid_m tile, :] @ B[:, pid_n tile]`` accumulated in float32, through pointers
+    (rows past ``M`` wrap around: mask them when storing)."""
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    return _mma(a_ptr + offs_m[:, None] * stride_am, b_ptr, pid_n, N, K, stride_ak,
+                stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -116,19 +126,31 @@ def matmul_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False,
 ):
     """``C = A @ B``, one output tile per program in grouped (L2-friendly) order; or
     (``PERSISTENT``) fewer programs, each looping over tiles ``program, program + programs,
-    ...`` of that order. ``USE_TMA``: :func:`matmul_tile`'s tensor-descriptor path, as the
-    fused kernels have it."""
+    ...`` of that order. ``USE_TMA``: A and B through tensor descriptors made once per
+    program, as the fused kernels read their weights. ``FLATTEN`` (persistent, with
+    ``USE_TMA``): the tile loop and the K loop are flattened into one software-pipelined
+    loop, so a tile's first loads overlap the previous tile's last MMAs and its store."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     step = tl.num_programs(0) if PERSISTENT else tiles_m * tiles_n
-    for tile in range(tl.program_id(0), tiles_m * tiles_n, step):
-        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
-                          stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
-        store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    if USE_TMA:
+        a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
+        b_desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, step, flatten=FLATTEN):
+            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
+                                  BLOCK_M, BLOCK_N, BLOCK_K)
+            store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    else:
+        for tile in range(tl.program_id(0), tiles_m * tiles_n, step):
+            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
+                              stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+            store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

@@ -5,7 +5,7 @@ import triton.language as tl
 
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.exchange import epoch_half
-from jax_triton_dist.kernels.gemm import matmul_tile, store_tile
+from jax_triton_dist.kernels.gemm import matmul_tile, matmul_tile_tma, store_tile, tile_descriptor
 from jax_triton_dist.kernels.tile_exchange import forward_tile, keep_tile, sum_tile
 from jax_triton_dist.swizzle import grouped_tile
 
@@ -41,20 +41,27 @@ def matmul_all_reduce_kernel(
     tiles_n = tl.cdiv(N, BLOCK_N)
     slots = epoch_half(slots_ptr, epoch, world * M * N)
     flags = epoch_half(flags_ptr, epoch, world * tiles_m * tiles_n)
+    a_desc = a_ptr  # USE_TMA: descriptors made once per program
+    b_desc = b_ptr
+    if USE_TMA:
+        a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
+        b_desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
     if PERSISTENT:
         for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
-            _matmul_all_reduce_tile(tile, a_ptr, b_ptr, c_ptr, slots, flags, me, world, epoch,
-                                    M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+            _matmul_all_reduce_tile(tile, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags,
+                                    me, world, epoch, M, N, K, stride_am, stride_ak,
+                                    stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                    USE_TMA)
     else:
-        _matmul_all_reduce_tile(tl.program_id(0), a_ptr, b_ptr, c_ptr, slots, flags, me, world,
-                                epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+        _matmul_all_reduce_tile(tl.program_id(0), a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots,
+                                flags, me, world, epoch, M, N, K, stride_am, stride_ak,
+                                stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                USE_TMA)
 
 
 @triton.jit
-def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, c_ptr, slots, flags, me, world, epoch, M, N,
-                            K, stride_am, stride_ak, stride_bk, stride_bn,
+def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
+                            world, epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                             USE_TMA: tl.constexpr):
@@ -65,8 +72,12 @@ def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, c_ptr, slots, flags, me, world, 
     pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
 
     # ---- this rank's partial tile ----
-    acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk,
-                      stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+    if USE_TMA:
+        acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M,
+                              BLOCK_N, BLOCK_K)
+    else:
+        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
+                          stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
 
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)

@@ -11,7 +11,14 @@ import triton.language as tl
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.epilogue import apply_epilogue
 from jax_triton_dist.kernels.exchange import epoch_half
-from jax_triton_dist.kernels.gemm import matmul_rows_tile, matmul_tile, store_rows_tile, store_tile
+from jax_triton_dist.kernels.gemm import (
+    matmul_rows_tile,
+    matmul_tile,
+    matmul_tile_tma,
+    store_rows_tile,
+    store_tile,
+    tile_descriptor,
+)
 from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile
 from jax_triton_dist.swizzle import own_last_tile, rank_rotated_tile
 
@@ -49,23 +56,26 @@ def all_gather_matmul_kernel(
     if tl.program_id(0) == 0:
         for i in range(1, world):
             dl.notify(flags + me, (me + i) % world, epoch, "set", "sys")
+    w_desc = w_ptr  # USE_TMA: the weights' descriptor, made once per program
+    if USE_TMA:
+        w_desc = tile_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N)
     if PERSISTENT:
         num_tiles = world * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-            _all_gather_matmul_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, flags, me, world,
-                                    epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
+            _all_gather_matmul_tile(tile, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags, me,
+                                    world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
                                     BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
                                     USE_TMA)
     else:
-        _all_gather_matmul_tile(tl.program_id(0), x_ptr, w_ptr, bias_ptr, c_ptr, flags, me,
-                                world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
+        _all_gather_matmul_tile(tl.program_id(0), x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags,
+                                me, world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
                                 BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
                                 USE_TMA)
 
 
 @triton.jit
-def _all_gather_matmul_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, flags, me, world, epoch,
-                            m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
+def _all_gather_matmul_tile(tile, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags, me, world,
+                            epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -80,8 +90,12 @@ def _all_gather_matmul_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, flags, me, worl
     if shard != me:
         dl.wait(flags + shard, 1, "sys", "acquire", epoch)
     a_ptr = dl.symm_at(x_ptr, shard)
-    acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, stride_wk, stride_wn,
-                      BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+    if USE_TMA:  # each shard is its own buffer: its descriptor is made per tile
+        acc = matmul_tile_tma(tile_descriptor(a_ptr, m, K, K, 1, BLOCK_M, BLOCK_K), w_desc,
+                              local_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, stride_wk, stride_wn,
+                          BLOCK_M, BLOCK_N, BLOCK_K)
     acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
     if BATCHED:  # row (b, i) of the shard goes to row b * num_ranks * R + shard * R + i
         store_rows_tile(c_ptr + shard * R * N, acc, local_m, pid_n, m, N, R, world * R, N,
@@ -126,22 +140,27 @@ def matmul_reduce_scatter_kernel(
     tiles_per_segment = tl.cdiv(seg, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     slots = epoch_half(slots_ptr, epoch, world * seg * N)
     flags = epoch_half(flags_ptr, epoch, world * tiles_per_segment)
+    x_desc = x_ptr  # USE_TMA (unbatched): descriptors of all of x and w, once per program
+    w_desc = w_ptr
+    if USE_TMA:
+        x_desc = tile_descriptor(x_ptr, world * seg, K, K, 1, BLOCK_M, BLOCK_K)
+        w_desc = tile_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N)
     if PERSISTENT:
         for tile in range(tl.program_id(0), world * tiles_per_segment, tl.num_programs(0)):
-            _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, slots, flags, me,
-                                        world, epoch, seg, N, K, R, stride_wk, stride_wn,
-                                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                                        ACTIVATION, USE_TMA)
+            _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
+                                        slots, flags, me, world, epoch, seg, N, K, R,
+                                        stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                        GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA)
     else:
-        _matmul_reduce_scatter_tile(tl.program_id(0), x_ptr, w_ptr, bias_ptr, c_ptr, slots,
-                                    flags, me, world, epoch, seg, N, K, R, stride_wk,
-                                    stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
-                                    HAS_BIAS, ACTIVATION, USE_TMA)
+        _matmul_reduce_scatter_tile(tl.program_id(0), x_ptr, w_ptr, x_desc, w_desc, bias_ptr,
+                                    c_ptr, slots, flags, me, world, epoch, seg, N, K, R,
+                                    stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                    BATCHED, HAS_BIAS, ACTIVATION, USE_TMA)
 
 
 @triton.jit
-def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, slots, flags, me, world,
-                                epoch, seg, N, K, R, stride_wk, stride_wn,
+def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
+                                flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                 BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -158,9 +177,12 @@ def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, bias_ptr, c_ptr, slots, flag
         acc = matmul_rows_tile(x_ptr + segment * R * K, w_ptr, local_m, pid_n, seg, N, K, R,
                                world * R, K, 1, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
                                BLOCK_K)
+    elif USE_TMA:  # a tile past the segment's end reads the next one's rows: not stored
+        acc = matmul_tile_tma(x_desc, w_desc, segment * seg + local_m * BLOCK_M,
+                              pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1,
-                          stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+                          stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
         store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)

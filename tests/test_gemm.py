@@ -26,6 +26,7 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
     configs = [dict(tile, PERSISTENT=False), dict(tile, PERSISTENT=True), dict(tile, SPLIT_K=3)]
     if k % 16 == 0 and n % 16 == 0:  # tensor descriptors need 16-byte aligned rows
         configs += [dict(tile, PERSISTENT=p, USE_TMA=True) for p in (False, True)]
+        configs += [dict(tile, PERSISTENT=True, USE_TMA=True, FLATTEN=True)]
     for config in configs:
         f = jax.jit(jax.shard_map(lambda x, y, c=config: gemm.matmul(x, y, c), mesh=mesh,
                                   in_specs=(P(), P()), out_specs=P(), check_vma=False))
@@ -47,6 +48,21 @@ def test_bf16_matmul_uses_wgmma_on_sm90():
     assert "wgmma.mma_async" in compiled.asm["ptx"]
 
 
+def test_flattened_persistent_tma_tile_compiles_for_sm90():
+    """The FLATTEN form: descriptors made once, one pipelined loop, bulk tensor copies."""
+    positional = [("pointer", np.dtype(jnp.bfloat16))] * 3
+    kwargs = {"M": 8192, "N": 4096, "K": 1376, "stride_am": 1376, "stride_ak": 1,
+              "stride_bk": 4096, "stride_bn": 1, "stride_cm": 4096, "stride_cn": 1,
+              "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "PERSISTENT": True,
+              "USE_TMA": True, "FLATTEN": True}
+    signature, constexprs = cuda_compile.signature_of(matmul_kernel, positional, kwargs)
+    attrs = cuda_compile.divisibility(signature, positional, kwargs)
+    ptx = cuda_compile.compile_kernel(matmul_kernel, signature, constexprs, attrs=attrs,
+                                      num_warps=8, num_stages=3).asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ptx.count("tensormap") >= 2  # the two descriptors, made before the loop
+
+
 def test_gemm_benchmark_rows():
     rows = gemm.run([(40, 24, 16)], iters=1, dtype="float32", platform="cpu")
     assert rows[0]["shape"] == "40x24x16" and rows[0]["rel_err"] < 1e-5
@@ -60,6 +76,10 @@ def test_tma_configs_only_where_rows_are_aligned():
     both = tiles.gemm_configs(8192, 1376, 4096, tma=True)
     assert not any(c["USE_TMA"] for c in plain)
     assert both == plain + [dict(c, USE_TMA=True) for c in plain]
+    flat = tiles.gemm_configs(8192, 1376, 4096, tma=True, flatten=True)
+    assert flat[:len(both)] == both and all(c["FLATTEN"] for c in flat[len(both):])
+    assert [dict(c, FLATTEN=False) for c in flat[len(both):]] == [
+        dict(c, FLATTEN=False) for c in both if c["USE_TMA"] and c["PERSISTENT"]]
     assert tiles.gemm_configs(130, 70, 33, tma=True) == tiles.gemm_configs(130, 70, 33)
     assert tiles.gemm_configs(64, 64, 64, target="ascend", tma=True) == tiles.gemm_configs(
         64, 64, 64, target="ascend")

@@ -5,10 +5,11 @@ Kernel-alone timing for both (``device_time``: the profiler's GPU kernel duratio
 single jitted calls on the same operands, bf16 in and out), so neither side pays for
 dispatch or slicing. Every config of the autotuner's space for the shape
 (``tiles.gemm_configs``: the fixed table's first, then tile shapes and persistent
-variants, each also with tensor descriptors; ``tiles.split_k_configs`` for decode
-shapes) is timed; the table reports the
-fixed table's config, the best config (what the autotuner would choose: it minimises the
-same kernel time) and XLA.
+variants, each also with tensor descriptors, the persistent ones also flattened;
+``tiles.split_k_configs`` for decode shapes) is timed; the table reports the fixed
+table's config, the best config (what the autotuner would choose: it minimises the same
+kernel time) and XLA. Flattened configs are the tile kernel's alone: the fused ops do not
+have them, so a flattened winner is ahead of what the ops run.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def describe(config: dict[str, Any]) -> str:
     if config.get("SPLIT_K"):
         return text + f" split-K {config['SPLIT_K']}"
     return (text + (" persistent" if config["PERSISTENT"] else "")
-            + (" TMA" if config.get("USE_TMA") else ""))
+            + (" TMA" if config.get("USE_TMA") else "")
+            + (" flattened" if config.get("FLATTEN") else ""))
 
 
 def _relative_error(out, ref) -> float:
@@ -88,7 +90,8 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
         xla_time = device_time.kernel_seconds(xla, a, b, calls=iters)
         ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
         timed = []
-        for config in tiles.gemm_configs(m, n, k, tma=True) + tiles.split_k_configs(m, n, k):
+        for config in (tiles.gemm_configs(m, n, k, tma=True, flatten=True)
+                       + tiles.split_k_configs(m, n, k)):
             f = jax.jit(jax.shard_map(lambda x, y, c=config: matmul(x, y, c), mesh=mesh,
                                       in_specs=(P(), P()), out_specs=P(), check_vma=False))
             try:
