@@ -235,6 +235,7 @@ class _Job:
         drv, device = self.drv, self.device
         for stream in self.streams:
             drv.stream_synchronize(device, stream)
+            drv.stream_destroy(device, stream)
         for buf in itertools.chain(*self.in_bufs, *self.out_bufs):
             drv.free(device, buf)
         for item in self.loaded:

@@ -16,7 +16,7 @@ def matmul_all_reduce_kernel(
     a_ptr,  # [M, K] this rank's activations (its K shard)
     b_ptr,  # [K, N] this rank's weights (the same K shard)
     c_ptr,  # [M, N] the sum over ranks of A @ B
-    slots_ptr,  # symmetric workspace float32 [2, num_ranks, M, N]: every rank's partial tiles
+    slots_ptr,  # symmetric workspace [2, num_ranks, M, N]: every rank's partial tiles
     flags_ptr,  # symmetric workspace int32 [2, num_ranks, num_tiles]
     # Sizes
     M, N, K,
@@ -26,10 +26,10 @@ def matmul_all_reduce_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
 ):
-    """Each output tile: this rank's partial is computed, pushed (float32) to every other
-    rank as soon as it is done, then all ranks' partials of that tile are summed in rank
-    order. The exchange of tile t overlaps the GEMM of the other tiles; no separate
-    all-reduce pass runs over the output.
+    """Each output tile: this rank's partial is computed, pushed (in the slots' type) to
+    every other rank as soon as it is done, then all ranks' partials of that tile are
+    summed in float32, in rank order. The exchange of tile t overlaps the GEMM of the
+    other tiles; no separate all-reduce pass runs over the output.
 
     One program per tile, or (``PERSISTENT``) fewer programs, all resident at once, each
     looping over tiles ``program, program + programs, ...``.

@@ -111,7 +111,7 @@ def matmul_reduce_scatter_kernel(
     w_ptr,  # [K, N] the matching weight rows (element (k, n) at k*stride_wk + n*stride_wn)
     bias_ptr,  # [N] added to the reduced rows when HAS_BIAS
     c_ptr,  # [M / num_ranks, N] this rank's segment of act(psum(x @ w) + bias)
-    slots_ptr,  # symmetric workspace float32 [2, num_ranks, M / num_ranks, N]
+    slots_ptr,  # symmetric workspace [2, num_ranks, M / num_ranks, N] (partials' type)
     flags_ptr,  # symmetric workspace int32 [2, num_ranks, tiles per segment]
     # Sizes
     seg, N, K,  # seg = M / num_ranks rows per segment
@@ -125,10 +125,10 @@ def matmul_reduce_scatter_kernel(
     USE_TMA: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
-    this rank's own last. A peer segment's partial tile is pushed (float32) into its owner's
-    slot as soon as it is computed; the own segment's tiles then sum every rank's partial
-    (float32, rank order). Only the last programs wait, and only for other ranks' earlier
-    tiles.
+    this rank's own last. A peer segment's partial tile is pushed (in the slots' type) into
+    its owner's slot as soon as it is computed; the own segment's tiles then sum every
+    rank's partial (in float32, rank order). Only the last programs wait, and only for
+    other ranks' earlier tiles.
 
     ``PERSISTENT``: a grid of fewer programs than tiles (all resident at once), each
     looping over tiles ``program, program + programs, ...`` of that order (each program's

@@ -1,7 +1,8 @@
 """Partial GEMM output tiles exchanged through symmetric slots: the epilogues of
 GEMM + ReduceScatter and GEMM + AllReduce.
 
-Slots are float32 ``[num_ranks, rows, cols]`` (slot ``src`` holds rank ``src``'s partial),
+Slots are ``[num_ranks, rows, cols]`` of the partials' element type (slot ``src`` holds rank
+``src``'s partial, rounded from its float32 accumulator; ``fused.launch.partial_dtype``),
 flags int32 ``[num_ranks, tiles]`` (flag ``(src, tile)``: "rank src's partial of tile has
 landed"), both already advanced to this call's epoch half. Every access forms its
 addresses from the tile's indices, so no block of offsets or pointers stays live beside
@@ -72,6 +73,6 @@ def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num
         total = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
         for src in range(0, world):
             total += load_tile(slots + src * rows * cols, sub_m, pid_n, rows, cols, cols, 1,
-                               SUB, BLOCK_N)
+                               SUB, BLOCK_N).to(tl.float32)
         total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
         store_tile(c_ptr, total, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)

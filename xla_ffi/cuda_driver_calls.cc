@@ -151,6 +151,14 @@ NB_MODULE(_cuda_driver, m) {
       },
       "device"_a);
   m.def(
+      "stream_destroy",
+      [](int device, uintptr_t stream) {
+        DeviceScope scope(device);
+        // Work queued on it still completes; the handle is released when it has.
+        Check(D().cuStreamDestroy(reinterpret_cast<CUstream>(stream)), "cuStreamDestroy");
+      },
+      "device"_a, "stream"_a);
+  m.def(
       "stream_synchronize",
       [](int device, uintptr_t stream) {
         DeviceScope scope(device);

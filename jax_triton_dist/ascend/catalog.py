@@ -170,7 +170,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
         "matmul_reduce_scatter" + suffix,
         "jax_triton_dist.kernels.gemm_collectives:matmul_reduce_scatter_kernel",
         {"x_ptr": "bf16", "w_ptr": "bf16", "bias_ptr": "bf16", "c_ptr": "bf16",
-         "slots_ptr": "fp32", "flags_ptr": "i32"},
+         "slots_ptr": "bf16", "flags_ptr": "i32"},  # partials in the output's type
         {"seg": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
              HAS_BIAS=False, ACTIVATION="none"),
@@ -181,7 +181,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
     ar = Case(
         "matmul_all_reduce" + suffix,
         "jax_triton_dist.kernels.gemm_allreduce:matmul_all_reduce_kernel",
-        {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "slots_ptr": "fp32",
+        {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "slots_ptr": "bf16",
          "flags_ptr": "i32"},
         {"M": decode_m, "N": n, "K": k, "stride_am": k, "stride_bk": n},
         dict(_gemm_tiles(decode_m, n, k, 1, persistent), stride_ak=1, stride_bn=1),

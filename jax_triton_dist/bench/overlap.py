@@ -26,6 +26,7 @@ import numpy as np
 import triton
 
 from jax_triton_dist import autotune, one_gpu, tiles
+from jax_triton_dist.fused.launch import partial_dtype
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.gemm import matmul_kernel
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
@@ -44,6 +45,7 @@ WARPS = {"all_gather_matmul": 8, "matmul_reduce_scatter": 8, "matmul_all_reduce"
 
 
 BF16 = np.dtype(jnp.bfloat16)
+PARTIALS = np.dtype(partial_dtype(jnp.bfloat16))  # what the ops exchange
 
 
 def _bf16(rng, shape, scale=1.0):
@@ -70,7 +72,7 @@ def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
         per_segment = triton.cdiv(seg, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
         return dict(kernel=matmul_reduce_scatter_kernel, inputs=lambda c, r: [x, w, bias],
                     outputs=[((seg, n), BF16)],
-                    workspaces=[((2, world, seg, n), np.float32),
+                    workspaces=[((2, world, seg, n), PARTIALS),
                                 ((2, world, per_segment), np.int32)],
                     symmetric=[], kwargs=dict(seg=seg, N=n, K=k, R=seg, stride_wk=n,
                                               stride_wn=1, **common))
@@ -78,7 +80,7 @@ def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
     num_tiles = triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
     return dict(kernel=matmul_all_reduce_kernel, inputs=lambda c, r: [x, w],
                 outputs=[((m, n), BF16)],
-                workspaces=[((2, world, m, n), np.float32), ((2, world, num_tiles), np.int32)],
+                workspaces=[((2, world, m, n), PARTIALS), ((2, world, num_tiles), np.int32)],
                 symmetric=[], kwargs=dict(M=m, N=n, K=k, stride_am=k, stride_ak=1,
                                           stride_bk=n, stride_bn=1, **common))
 
@@ -114,10 +116,10 @@ def _tuned_job(op: str, world: int) -> dict[str, Any]:
     job["kernel"] = autotune.autotune(configs)(job["kernel"])
     tile_count = lambda meta, r: triton.cdiv(r, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])  # noqa: E731
     if op == "matmul_reduce_scatter":
-        job["workspaces"] = lambda meta: [((2, world, rows, n), np.float32),
+        job["workspaces"] = lambda meta: [((2, world, rows, n), PARTIALS),
                                           ((2, world, tile_count(meta, rows)), np.int32)]
     elif op == "matmul_all_reduce":
-        job["workspaces"] = lambda meta: [((2, world, m, n), np.float32),
+        job["workspaces"] = lambda meta: [((2, world, m, n), PARTIALS),
                                           ((2, world, tile_count(meta, m)), np.int32)]
     return job
 
@@ -196,6 +198,7 @@ def _copy_makespan(drv, world: int, size: int, iters: int, device: int = 0) -> f
     finally:
         for stream in streams:
             drv.stream_synchronize(device, stream)
+            drv.stream_destroy(device, stream)
         for event in (start, *ends):
             drv.event_destroy(device, event)
         for buf in blocks + outs:

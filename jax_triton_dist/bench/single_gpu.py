@@ -98,6 +98,7 @@ def launch_overhead(device, iters: int) -> list[dict[str, Any]]:
         return float(np.median(samples[2:]))
 
     bare_s = _slope(bare, CHAIN)
+    drv.stream_destroy(ordinal, stream)
     drv.free(ordinal, buf)
     return [{"bench": "launch", "what": "triton_call vs cuLaunchKernel, trivial kernel",
              "ours_us": ours * 1e6, "bare_us": bare_s * 1e6,

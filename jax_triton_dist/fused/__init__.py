@@ -140,7 +140,8 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: 
 
     Output tiles come segment by segment, the peers' segments first and the own segment
     last; each peer tile is pushed to its owner as soon as it is computed, and the own
-    segment's tiles sum every rank's partial (float32, rank order) while others still
+    segment's tiles sum every rank's partial (in float32, rank order; partials travel in
+    the output's type, see ``fused.launch.partial_dtype``) while others still
     compute.
 
     Args:
@@ -194,8 +195,8 @@ def matmul_all_reduce(x: Any, w: Any, axis_name: Any, *,
       ``[M, N]``, the same on every rank, in ``x.dtype`` (accumulated in float32); like
       ``psum``, invariant over ``axis_name`` without ``axis_index_groups``.
 
-    Meant for small M: the workspace holds every rank's float32 partial product
-    (``2 * num_ranks * M * N * 4`` bytes per rank).
+    Meant for small M: the workspace holds every rank's partial product in the output's
+    type (float32 for float32; ``2 * num_ranks * M * N * itemsize`` bytes per rank).
     """
     x, w = _check_gemm(x, w, "matmul_all_reduce", w_layout)
     return primitives.bind_matmul_all_reduce(

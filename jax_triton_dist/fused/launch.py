@@ -30,7 +30,7 @@ from jax_triton_dist.kernels.gemm_collectives import (
 )
 from jax_triton_dist.triton_call import Workspace, triton_call
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "partial_dtype"]
 
 
 def _weight(w: jax.Array, w_nk: bool) -> tuple[int, int, int]:
@@ -49,6 +49,15 @@ def _epilogue(x: jax.Array, bias: jax.Array | None, activation: str) -> dict:
     """The bias operand (a placeholder when there is none) and the epilogue constexprs."""
     operand = bias if bias is not None else jnp.zeros((1,), x.dtype)
     return {"bias": operand, "HAS_BIAS": bias is not None, "ACTIVATION": activation}
+
+
+def partial_dtype(dtype) -> jnp.dtype:
+    """The element type of the partial products GEMM+RS and GEMM+AR exchange: the output's
+    (bfloat16 / float16: what an unfused ``dot`` + ``psum_scatter`` exchanges, half the
+    bytes of float32), float32 for float32 outputs. Each rank's partial is rounded once
+    from its float32 accumulator; the partials are summed in float32 (rank order) and
+    rounded once more, where a bf16 collective would round at every step."""
+    return jnp.dtype(jnp.float32) if jnp.dtype(dtype) == jnp.float32 else jnp.dtype(dtype)
 
 
 def _tuned(kernel, m: int, n: int, k: int, copies: int, w_nk: bool) -> autotune.Autotuned:
@@ -112,7 +121,7 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
         _tuned(matmul_reduce_scatter_kernel, seg, n, k, size, w_nk or batch > 1),
         x.reshape(batch * rows, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
-        workspace=lambda meta: [Workspace((2, size, seg, n), jnp.float32),
+        workspace=lambda meta: [Workspace((2, size, seg, n), partial_dtype(x.dtype)),
                                 Workspace((2, size, per_segment(meta)), jnp.int32)],
         grid=_grid(lambda meta: size * per_segment(meta)), axis_name=axes,
         axis_index_groups=groups, seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk,
@@ -134,7 +143,7 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
     return triton_call(
         _tuned(matmul_all_reduce_kernel, m, n, k, 1, w_nk), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        workspace=lambda meta: [Workspace((2, size, m, n), jnp.float32),
+        workspace=lambda meta: [Workspace((2, size, m, n), partial_dtype(x.dtype)),
                                 Workspace((2, size, num_tiles(meta)), jnp.int32)],
         grid=_grid(num_tiles), axis_name=axes, axis_index_groups=groups,
         M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=stride_wk, stride_bn=stride_wn,

@@ -386,10 +386,12 @@ class Trial(tuning.Trial):
 
     def finish(self) -> float:
         """Waits for the launches; seconds per launch."""
+        drv = cuda_driver.driver()
         try:
             ms = _cuda.timed_results(self.handle)
         finally:
-            cuda_driver.driver().stream_synchronize(self.device, self.stream)
+            drv.stream_synchronize(self.device, self.stream)
+            drv.stream_destroy(self.device, self.stream)
         failure = take_failure(self.device, self.site.call_id, self.site.label)
         if failure:
             raise RuntimeError(failure)
