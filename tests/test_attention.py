@@ -104,26 +104,28 @@ def test_gradients_match_the_reference(causal, layout, kvh):
         close(got, ref, jnp.float32)
 
 
-@pytest.fixture(params=[(16, 16, False, True), (16, 16, True, True), (32, 16, True, True),
-                        (16, 32, False, True), (16, 16, False, False)],
-                ids=lambda c: f"m{c[0]}-n{c[1]}-{'tma' if c[2] else 'pointers'}"
-                              f"{'' if c[3] else '-one-loop'}")
-def attention_config(monkeypatch, request):
-    """The attention kernels' only config: small blocks (so local sequences of a few
+# (BLOCK_M, BLOCK_N, USE_TMA, SPLIT_MASKED) with the (causal, layout) each runs.
+BLOCK_CONFIGS = [((16, 16, False, True), False, "contiguous"),
+                 ((16, 16, True, True), True, "contiguous"),
+                 ((32, 16, True, True), True, "zigzag"),
+                 ((16, 32, False, True), True, "zigzag"),
+                 ((16, 16, False, False), True, "contiguous"),
+                 ((32, 16, False, False), False, "zigzag")]
+
+
+@pytest.mark.parametrize("config, causal, layout", BLOCK_CONFIGS,
+                         ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_every_block_config_and_tensor_descriptors(monkeypatch, config, causal, layout):
+    """The attention kernels with one config: small blocks (so local sequences of a few
     blocks run both the unmasked and the masked key loops, or the one masked loop Ascend
     uses), through pointers or (the forward kernel) tensor descriptors."""
-    bm, bn, use_tma, split = request.param
+    bm, bn, use_tma, split = config
 
     def configs(seq, head_dim, target="cuda", forward=False):
         extra = {"USE_TMA": use_tma, "SPLIT_MASKED": split} if forward else {}
         return [{"BLOCK_M": bm, "BLOCK_N": bn, **extra, "num_warps": 4, "num_stages": 2}]
 
     monkeypatch.setattr(tiles, "attention_configs", configs)
-
-
-@pytest.mark.parametrize("causal, layout", [(False, "contiguous"), (True, "contiguous"),
-                                            (True, "zigzag")])
-def test_every_block_config_and_tensor_descriptors(attention_config, causal, layout):
     ranks = 2
     # 40 rows a rank: whole blocks and a ragged tail; zigzag chunks of 20 rows straddle
     # query blocks.

@@ -166,7 +166,10 @@ def test_inside_jit_cond_checkpoint_and_custom_vjp():
 
     def body(x, w1, w2):
         a = jax.jit(mlp)(x, w1, w2)
-        b = jax.lax.cond(jnp.sum(x) > 0, mlp, lambda *v: mlp(*v) * 2, x, w1, w2)
+        # the same branch on every rank (collectives in rank-divergent branches pair up
+        # by accident or not at all, in XLA's collectives as in ours)
+        b = jax.lax.cond(jax.lax.psum(jnp.sum(x), "x") > 0, mlp, lambda *v: mlp(*v) * 2,
+                         x, w1, w2)
         c = jax.checkpoint(mlp)(x, w1, w2)
         d = custom(x, w1, w2)
         return a + b + c + d

@@ -153,6 +153,33 @@ def test_straggler_rank_still_gives_correct_results(straggler):
         np.testing.assert_allclose(np.asarray(f(x)), np.asarray(ref(x)), rtol=1e-5, atol=1e-5)
 
 
+def test_a_call_site_used_twice_in_one_program(straggler):
+    """A traced function called twice gives two custom calls with one call site; XLA's CPU
+    runtime may run independent ones in either order on each rank (and a straggler makes
+    the orders differ): each custom call pairs with itself on every rank, none waits for
+    the other."""
+    mesh = make_mesh((4,), ("x",))
+    straggler(mesh.devices.reshape(-1)[1].id, 0.02)
+    summed = jax.jit(lambda v: one_shot_all_reduce(v, "x", block=64))  # traced once
+
+    def body(a, b, c):
+        return summed(a), summed(b), summed(c)  # independent of one another
+
+    f = sharded(body, mesh, (P("x"),) * 3, (P("x"),) * 3)
+    ref = sharded(lambda v: jax.lax.psum(v, "x"), mesh, P("x"), P("x"))
+    hlo = f.lower(*(put(random((400,), jnp.float32, seed=s), mesh, P("x"))
+                    for s in range(3))).compile().as_text()
+    ids = [line.split("call_id = ")[1].split(" ")[0].rstrip(",}")
+           for line in hlo.splitlines() if "jtd_triton" in line and "call_id = " in line]
+    assert len(ids) == 3 and len(set(ids)) == 1  # one call site, three custom calls
+    for seed in range(5):
+        xs = [put(random((400,), jnp.float32, seed=10 * seed + i), mesh, P("x"))
+              for i in range(3)]
+        for got, x in zip(f(*xs), xs, strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref(x)), rtol=1e-5,
+                                       atol=1e-5)
+
+
 def test_custom_call_is_in_the_lowered_hlo():
     mesh = make_mesh((4,), ("x",))
     x = put(random((4 * 8,), jnp.float32, seed=0), mesh, P("x"))

@@ -11,6 +11,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -21,25 +22,38 @@
 
 namespace jtd::site_uses {
 
-// (call id, +1 when an executable starts using the site on a device, -1 when it stops).
+// (call id, +1 when an executable starts using the site on a device, -1 when it stops, the
+// use's instance).
+struct Event {
+  int64_t call_id;
+  int delta;
+  int64_t instance;
+};
 inline std::mutex g_mu;
-inline std::vector<std::pair<int64_t, int>> g_events;
+inline std::atomic<int64_t> g_next_instance{1};
+inline std::vector<Event> g_events;
 
-inline void Record(int64_t call_id, int delta) {
+inline void Record(int64_t call_id, int delta, int64_t instance) {
   std::lock_guard<std::mutex> lock(g_mu);
-  g_events.emplace_back(call_id, delta);
+  g_events.push_back(Event{call_id, delta, instance});
 }
 
 struct SiteUse {
   static xla::ffi::TypeId id;
   static xla::ffi::TypeInfo info;
 
-  explicit SiteUse(int64_t call_id) : call_id(call_id) { Record(call_id, +1); }
-  ~SiteUse() { Record(call_id, -1); }
+  explicit SiteUse(int64_t call_id) : call_id(call_id), instance(g_next_instance.fetch_add(1)) {
+    Record(call_id, +1, instance);
+  }
+  ~SiteUse() { Record(call_id, -1, instance); }
   SiteUse(const SiteUse&) = delete;
   SiteUse& operator=(const SiteUse&) = delete;
 
   int64_t call_id;
+  // This use's number, unique in the process. XLA's CPU runtime makes one use per HLO custom
+  // call, shared by every device: the custom calls of one call site (a traced function used
+  // twice in a program) tell themselves apart by it, the same way on every rank.
+  int64_t instance;
 };
 
 inline xla::ffi::TypeId SiteUse::id = {0};  // assigned when Python registers the type
@@ -49,23 +63,24 @@ inline xla::ffi::ErrorOr<std::unique_ptr<SiteUse>> Instantiate(int64_t call_id) 
   return std::make_unique<SiteUse>(call_id);
 }
 
-// Binds `take_site_events()` (the log since the last call, as (call_id, delta) tuples) and
+// Binds `take_site_events()` (the log since the last call, as (call_id, delta, instance)
+// tuples) and
 // `site_use_type()` (the registration of SiteUse for jax.ffi.register_ffi_type) into `m`.
 inline void Bind(nanobind::module_& m) {
   namespace nb = nanobind;
   m.def(
       "take_site_events",
       [] {
-        std::vector<std::pair<int64_t, int>> events;
+        std::vector<Event> events;
         {
           std::lock_guard<std::mutex> lock(g_mu);
           events.swap(g_events);
         }
         nb::list out;
-        for (const auto& [call_id, delta] : events) out.append(nb::make_tuple(call_id, delta));
+        for (const Event& e : events) out.append(nb::make_tuple(e.call_id, e.delta, e.instance));
         return out;
       },
-      "The site-use events since the last call: (call_id, +1 | -1) per executable and device.");
+      "The site-use events since the last call: (call_id, +1 | -1, instance) per use.");
   m.def("site_use_type", [] {
     nb::dict type;
     type["type_id"] = nb::capsule(reinterpret_cast<void*>(&SiteUse::id));

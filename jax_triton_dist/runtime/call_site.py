@@ -119,10 +119,15 @@ class TeamState:
     failures: dict[int, str] = dataclasses.field(default_factory=dict)  # epoch -> why
     choice: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> variant
     gathered: dict[str, list] = dataclasses.field(default_factory=dict)  # tag -> values
+    locks: dict[int, threading.Lock] = dataclasses.field(default_factory=dict)  # rank -> lock
 
     @property
     def ready(self) -> bool:
         return self.region is not None
+
+    def rank_lock(self, rank: int) -> threading.Lock:
+        """The lock a rank holds while it runs (its runs of this team one at a time)."""
+        return self.locks.setdefault(rank, threading.Lock())
 
 
 @dataclasses.dataclass
@@ -274,8 +279,10 @@ class CallSite:
                             timeline_offset)
 
     def join(self, coords: tuple[int, ...], pe: int, timeout: float,
-             allocate: Callable[[CallSite, TeamState], Any]) -> tuple[int, TeamState]:
+             allocate: Callable[[CallSite, TeamState], Any],
+             instance: int = 0) -> tuple[int, TeamState]:
         """Registers ``pe`` in its team; the first run waits for every rank of the team.
+        ``instance``: which custom call of the site runs (each has its own teams).
 
         The last rank to arrive calls ``allocate(site, team)`` (with every rank's PE known)
         and stores its result as ``team.region``.
@@ -284,6 +291,8 @@ class CallSite:
           This PE's rank and the (ready) team state.
         """
         rank, key = self.team_axes.locate(coords)
+        if instance:
+            key = instance_key(instance, key)
         with self.cond:
             team = self.teams.get(key)
             if team is None or team.generation != lifetime.generation():
@@ -302,7 +311,9 @@ class CallSite:
                 team.region = allocate(self, team)
                 self.cond.notify_all()
             self._wait(lambda: team.ready, timeout, f"rank {rank} (PE {pe})",
-                       "the first run of its team",
+                       "the first run of its team (every rank of a team must run the same "
+                       "call: a lax.cond whose predicate differs between ranks sends them "
+                       "to different calls)",
                        lambda: [r for r, p in enumerate(team.pes) if p is None])
         return rank, team
 
@@ -425,6 +436,27 @@ def release(call_id: int) -> None:
     if heap.running_backend() is None:
         return
     for team in site.teams.values():
+        if team.offset is not None and not team.name and team.generation == lifetime.generation():
+            heap.release(team.offset)
+            team.offset = None
+
+
+def instance_key(instance: int, key: tuple) -> tuple:
+    """The team key of custom call ``instance`` (CPU: a call site's custom calls each have
+    their teams)."""
+    return ("instance", instance, *key)
+
+
+def release_instance(call_id: int, instance: int) -> None:
+    """Frees the regions of the teams of one custom call of a site whose other custom calls
+    live on (an executable that used the site is gone)."""
+    site = find(call_id)
+    if site is None or heap.running_backend() is None:
+        return
+    with site.cond:
+        keys = [k for k in site.teams if k[:2] == ("instance", instance)]
+        teams = [site.teams.pop(k) for k in keys]
+    for team in teams:
         if team.offset is not None and not team.name and team.generation == lifetime.generation():
             heap.release(team.offset)
             team.offset = None

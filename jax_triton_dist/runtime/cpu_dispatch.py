@@ -158,14 +158,25 @@ def _dump_cuda_compile(site: call_site.CallSite, variant: tuning.Variant,
                  "cuda (compiled on the CPU backend)")
 
 
-def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int]) -> None:
+def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int],
+         instance: int) -> None:
     site = call_site.lookup(call_id)
     _ensure_shmem(device_ordinal)
     coords = shmem.as_array(arg_ptrs[0], (len(site.mesh_axes),), np.int32)
     key = tuple(int(c) for c in coords)
     if not site.teams:
         site_uses.drain()  # regions of executables that are gone make room first
-    rank, team = site.join(key, device_ordinal, shmem.wait_timeout(), call_site.allocate_region)
+    # A call site used twice in a program (a traced function called twice) is two custom
+    # calls, which XLA may run in either order on each rank: each has its teams.
+    rank, team = site.join(key, device_ordinal, shmem.wait_timeout(), call_site.allocate_region,
+                           instance=instance)
+    # One run at a time per rank (runs of successive executions may overlap).
+    with team.rank_lock(rank):
+        _run_team(site, team, rank, device_ordinal, arg_ptrs, ret_ptrs)
+
+
+def _run_team(site: call_site.CallSite, team: call_site.TeamState, rank: int,
+              device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int]) -> None:
 
     def launch(variant: tuning.Variant) -> None:
         _launch(site, team, rank, device_ordinal, variant, arg_ptrs, ret_ptrs)
@@ -275,11 +286,12 @@ def _kernel_frame(site: call_site.CallSite, error: BaseException) -> str:
     return f" (at {frame.filename}:{frame.lineno}: {(frame.line or '').strip()})"
 
 
-def dispatch(call_id: int, device_ordinal: int, arg_ptrs: list[int],
-             ret_ptrs: list[int]) -> str | None:
-    """Runs one rank; returns None, or the message of the failure."""
+def dispatch(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int],
+             instance: int = 0) -> str | None:
+    """Runs one rank of custom call ``instance`` of the site (on a thread of its own: the
+    FFI handler is asynchronous); returns None, or the message of the failure."""
     try:
-        _run(call_id, device_ordinal, arg_ptrs, ret_ptrs)
+        _run(call_id, device_ordinal, arg_ptrs, ret_ptrs, instance)
     except Exception as error:  # reported to XLA, which raises it in the caller
         cause = error
         while isinstance(cause, InterpreterError) and cause.__cause__ is not None:

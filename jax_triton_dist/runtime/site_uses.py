@@ -20,7 +20,7 @@ __all__ = ["add_log", "drain", "uses"]
 
 _lock = threading.Lock()
 _uses: dict[int, int] = {}  # call id -> live (executable, device) uses
-_logs: list[Callable[[], list]] = []  # each returns (call_id, +1 | -1) events
+_logs: list[Callable[[], list]] = []  # each returns (call_id, +1 | -1, instance) events
 
 
 def add_log(take_events: Callable[[], list]) -> None:
@@ -33,11 +33,17 @@ def drain() -> list[int]:
     """Applies the events logged since the last call; releases the sites whose last use
     ended. Returns their call ids."""
     with _lock:
-        for call_id, delta in (event for log in _logs for event in log()):
+        gone = []  # (call id, instance) of uses that ended
+        for call_id, delta, instance in (event for log in _logs for event in log()):
             _uses[call_id] = _uses.get(call_id, 0) + delta
+            if delta < 0:
+                gone.append((call_id, instance))
         ended = [call_id for call_id, count in _uses.items() if count <= 0]
         for call_id in ended:
             del _uses[call_id]
+    for call_id, instance in gone:
+        if call_id not in ended:  # the site lives on in other custom calls
+            call_site.release_instance(call_id, instance)
     for call_id in ended:
         call_site.release(call_id)
     return ended

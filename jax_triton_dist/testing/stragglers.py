@@ -24,10 +24,10 @@ def delayed_device(pe: int, seconds: float) -> Iterator[None]:
 
     original = cpu_dispatch._run
 
-    def delayed(call_id, device_ordinal, arg_ptrs, ret_ptrs):
+    def delayed(call_id, device_ordinal, *args):
         if device_ordinal == pe:
             time.sleep(seconds)
-        return original(call_id, device_ordinal, arg_ptrs, ret_ptrs)
+        return original(call_id, device_ordinal, *args)
 
     cpu_dispatch._run = delayed
     try:
