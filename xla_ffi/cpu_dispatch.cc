@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -124,14 +125,21 @@ ffi::Future CpuDispatchImpl(int32_t device_ordinal, site_uses::SiteUse* use,
     d.rets.push_back(reinterpret_cast<uintptr_t>((*buffer)->untyped_data()));
   }
   // XLA keeps the buffers alive until the future completes.
-  std::thread([promise, d = std::move(d), in_flight = std::move(in_flight)]() mutable {
-    std::optional<ffi::Error> failure = RunDispatch(d);
-    if (failure.has_value()) {
-      promise.SetError(std::move(*failure));
-    } else {
-      promise.SetAvailable();
-    }
-  }).detach();
+  try {
+    std::thread([promise, d = std::move(d), in_flight = std::move(in_flight)]() mutable {
+      std::optional<ffi::Error> failure = RunDispatch(d);
+      if (failure.has_value()) {
+        promise.SetError(std::move(*failure));
+      } else {
+        promise.SetAvailable();
+      }
+    }).detach();
+  } catch (const std::system_error& e) {  // no thread could be made: the call fails
+    promise.SetError(ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                                std::string("jax_triton_dist: cannot start the kernel's "
+                                            "thread: ") +
+                                    e.what()));
+  }
   return future;
 }
 
