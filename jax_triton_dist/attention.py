@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import triton
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 
 from jax_triton_dist import autotune, tiles
 from jax_triton_dist.axis_names import axis_size
@@ -42,6 +44,7 @@ from jax_triton_dist.kernels.attention import (
     flash_decode_kernel,
     sequence_parallel_attention_kernel,
 )
+from jax_triton_dist.runtime import jax_compat
 from jax_triton_dist.triton_call import Workspace, triton_call
 
 __all__ = ["sequence_parallel_attention", "flash_decode", "zigzag", "unzigzag", "LAYOUTS"]
@@ -227,8 +230,10 @@ def flash_decode(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, axis_name
       scale: score scale (default ``1 / sqrt(head_dim)``).
 
     Returns:
-      ``[batch, heads, head_dim]`` in ``q``'s dtype; a row with ``kv_lengths == 0`` gets
-      zeros. Not differentiable (inference).
+      ``[batch, heads, head_dim]`` in ``q``'s dtype, the same on every rank and typed so
+      (invariant over ``axis_name``, like ``psum``'s result: return it with ``out_specs``
+      that leave the axis out); a row with ``kv_lengths == 0`` gets zeros. Not
+      differentiable (inference).
 
     Raises:
       ValueError: shapes that do not fit; TypeError: unsupported dtypes.
@@ -238,20 +243,56 @@ def flash_decode(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, axis_name
         raise ValueError(f"{fn}: q must be [batch, heads, head_dim] per rank, got {q.shape}")
     b, h, d = q.shape
     _check_qkv(q.reshape(b, 1, h, d), k_cache[:, :1], v_cache[:, :1], fn)
-    s, kvh = k_cache.shape[1], k_cache.shape[2]
+    s = k_cache.shape[1]
     world = axis_size(axis_name)
     if kv_lengths is None:
         kv_lengths = jnp.full((b,), world * s, jnp.int32)
     if kv_lengths.shape != (b,):
         raise ValueError(f"{fn}: kv_lengths must be [batch={b}], got {kv_lengths.shape}")
-    group = h // kvh
+    if kv_lengths.dtype != jnp.int32:
+        kv_lengths = kv_lengths.astype(jnp.int32)
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    return flash_decode_p.bind(q, k_cache, v_cache, kv_lengths, axes=axes, size=world,
+                               scale=_scale(scale, d))
+
+
+# ---------------------------------------------------------------------------
+# flash_decode as a primitive: its result is the same on every rank, and typed so
+# (invariant over the axes under shard_map's checks, like psum's)
+# ---------------------------------------------------------------------------
+
+flash_decode_p = Primitive("jtd_flash_decode")
+
+
+def _flash_decode_abstract(q, k, v, lengths, *, axes, size, scale):
+    del size, scale
+    varying = frozenset().union(*(jax_compat.aval_varying(a) for a in (q, k, v, lengths)))
+    out = q.update(shape=q.shape, dtype=q.dtype, weak_type=False)
+    return jax_compat.with_varying(out, varying - frozenset(axes))
+
+
+def _flash_decode_launch(q, k_cache, v_cache, kv_lengths, *, axes, size, scale):
+    """The kernel launch (what the primitive lowers to)."""
+    b, h, d = q.shape
+    s, kvh = k_cache.shape[1], k_cache.shape[2]
+    axis_name = axes[0] if len(axes) == 1 else axes
     return triton_call(
-        flash_decode_kernel, q, k_cache, v_cache, kv_lengths.astype(jnp.int32),
+        flash_decode_kernel, q, k_cache, v_cache, kv_lengths,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        workspace=[Workspace((2, world, b, h, d), jnp.float32),
-                   Workspace((2, world, b, h), jnp.float32),
-                   Workspace((2, world, b * kvh), jnp.int32)],
+        workspace=[Workspace((2, size, b, h, d), jnp.float32),
+                   Workspace((2, size, b, h), jnp.float32),
+                   Workspace((2, size, b * kvh), jnp.int32)],
         grid=(b * kvh,), axis_name=axis_name, num_warps=4, num_stages=2,
-        B=b, S=s, H=h, KVH=kvh, scale=_scale(scale, d), HEAD_DIM=d,
-        GROUP=max(16, triton.next_power_of_2(group)),
+        B=b, S=s, H=h, KVH=kvh, scale=scale, HEAD_DIM=d,
+        GROUP=max(16, triton.next_power_of_2(h // kvh)),
         BLOCK_N=tiles.attention_blocks(s)["BLOCK_N"])
+
+
+def _flash_decode_outside(*args, **params):
+    raise ValueError("flash_decode must be called inside jax.shard_map")
+
+
+flash_decode_p.def_impl(_flash_decode_outside)
+flash_decode_p.def_abstract_eval(_flash_decode_abstract)
+mlir.register_lowering(flash_decode_p, lambda ctx, *args, **params: mlir.lower_fun(
+    functools.partial(_flash_decode_launch, **params), multiple_results=False)(ctx, *args))

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_triton_dist as jtd
 from jax_triton_dist import tiles
-from jax_triton_dist.attention import unzigzag, zigzag
+from jax_triton_dist.attention import flash_decode_p, unzigzag, zigzag
 
 XLA_COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
                    "collective-permute")
@@ -243,6 +243,28 @@ def test_flash_decode_with_variable_lengths(ranks, dtype):
     for r in range(ranks):  # every rank holds the whole result
         close(out[r * b:(r + 1) * b], want, dtype)
     np.testing.assert_array_equal(np.asarray(out[:b][3], np.float32), 0.0)
+
+
+@pytest.mark.parametrize("mesh_shape, axis", [((4,), "kv"), ((2, 2), "kv")])
+def test_flash_decode_result_is_typed_as_the_same_on_every_rank(mesh_shape, axis):
+    """Like psum's, the result is invariant over the cache's axis: out_specs may leave the
+    axis out (checked by shard_map), on a 1-D mesh and on one axis of a 2-D mesh."""
+    names = ("kv",) if len(mesh_shape) == 1 else ("dp", "kv")
+    mesh = mesh_of(mesh_shape, names)
+    ranks = mesh.shape[axis]
+    b, h, kvh, d, s_local = 2, 4, 1, 16, 8
+    rng = np.random.default_rng(5)
+    q = jnp.asarray(rng.standard_normal((b, h, d)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((b, ranks * s_local, kvh, d)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((b, ranks * s_local, kvh, d)), jnp.float32)
+    lengths = jnp.asarray([ranks * s_local - 3, 5], jnp.int32)
+    f = jax.jit(jax.shard_map(
+        lambda a, c, e, n: jtd.flash_decode(a, c, e, axis, kv_lengths=n), mesh=mesh,
+        in_specs=(P(), P(None, axis), P(None, axis), P()), out_specs=P()))
+    assert jax.typeof(f(q, k, v, lengths)).shape == (b, h, d)
+    close(f(q, k, v, lengths), decode_reference(q, k, v, lengths), jnp.float32)
+    with pytest.raises(ValueError, match="inside jax.shard_map"):
+        flash_decode_p.bind(q, k, v, lengths, axes=(axis,), size=ranks, scale=0.25)
 
 
 def test_flash_decode_default_lengths_and_bad_input():
