@@ -146,7 +146,15 @@ def _gemm_split_k() -> Case:
 
 def _gemm_tiles(m: int, n: int, k: int, copies: int,
                persistent: bool = False) -> dict[str, int]:
-    config = tiles.gemm_tiles(m, n, k, copies=copies, target="ascend")
+    """The op's tile on Ascend. Persistent forms (not in Ascend's config space: they are
+    lowered to check the loop around the tile body) take the decode tile: at the large one
+    the loop's buffers and the exchange's bf16 partials overflow the unified buffer
+    (bishengir-compile, GEMM+RS: "ub overflow, requires 1848576 bits while 1572864 bits
+    available")."""
+    if persistent:  # the tile of a decode-sized problem of the same n and k
+        config = tiles.gemm_tiles(min(m, 64), n, k, target="ascend")
+    else:
+        config = tiles.gemm_tiles(m, n, k, copies=copies, target="ascend")
     config.pop("num_warps")
     return dict(config, PERSISTENT=persistent, USE_TMA=False)
 
