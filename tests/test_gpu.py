@@ -128,7 +128,8 @@ def test_rank_context_on_gpu():
 @requires_gpu
 @pytest.mark.parametrize("m,n,k", [(8192, 1376, 4096), (128, 1376, 4096), (1000, 333, 77)])
 def test_gemm_tiles_match_jnp_dot_on_gpu(m, n, k):
-    """Every config of the GEMM space: persistent, tensor-descriptor and split-K ones."""
+    """Every config of the GEMM space: persistent, tensor-descriptor, flattened and
+    split-K ones."""
     from jax_triton_dist import tiles
     from jax_triton_dist.bench import gemm
 
@@ -138,7 +139,8 @@ def test_gemm_tiles_match_jnp_dot_on_gpu(m, n, k):
     mesh = Mesh(np.array(_gpus()[:1]), ("x",))
     ref = np.asarray(jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
                              precision=jax.lax.Precision.HIGHEST))
-    for config in tiles.gemm_configs(m, n, k, tma=True) + tiles.split_k_configs(m, n, k):
+    for config in (tiles.gemm_configs(m, n, k, tma=True, flatten=True)
+                   + tiles.split_k_configs(m, n, k)):
         f = jax.jit(jax.shard_map(lambda x, y, c=config: gemm.matmul(x, y, c), mesh=mesh,
                                   in_specs=(P(), P()), out_specs=P(), check_vma=False))
         ours = np.asarray(f(a, b), np.float32)
