@@ -63,6 +63,37 @@ def test_world_size_one_under_jax(d, causal):
         assert np.linalg.norm(g - w) / np.linalg.norm(w) < 3e-2
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_every_tuned_forward_config_on_the_gpu(monkeypatch, d):
+    """Each config of the forward's space alone (the autotuner skips a config that fails,
+    which would hide a broken one): blocks, warps, stages, tensor descriptors; causal, a
+    ragged tail for the 128-row blocks (320 rows), bf16."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("sp",))
+    rng = np.random.default_rng(d + 1)
+    q = jnp.asarray(rng.standard_normal((1, 320, 4, d)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((1, 320, 2, d)), jnp.bfloat16) for _ in range(2))
+    want = reference(*(np.asarray(x, np.float32) for x in (q, k, v)), True)
+    space = tiles.attention_configs(320, d, forward=True)
+    assert any(c["USE_TMA"] for c in space)
+    ran, too_big = [], []
+    for config in space:
+        monkeypatch.setattr(tiles, "attention_configs",
+                            lambda *a, c=config, **kw: [c])
+        f = jax.jit(jax.shard_map(lambda a, b, c: jtd.sequence_parallel_attention(
+            a, b, c, "sp", causal=True), mesh=mesh, in_specs=(P(None, "sp"),) * 3,
+            out_specs=P(None, "sp")))
+        try:
+            got = np.asarray(f(q, k, v), np.float32)
+        except Exception as error:  # a config beyond the SM's shared memory: tuning skips it
+            if "shared memory" not in str(error).lower() and "resource" not in str(error):
+                raise
+            too_big.append(config)
+            continue
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2, config
+        ran.append(config)
+    assert len(ran) >= len(space) // 2 and any(c["USE_TMA"] for c in ran), (ran, too_big)
+
+
 @pytest.mark.parametrize("world", [2, 8])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sequence_parallel_kernel_on_ranks_sharing_the_gpu(world, causal):
