@@ -6,9 +6,9 @@ runs flash attention (online softmax) of the local queries over every rank's key
 values, reading each peer's block straight from its symmetric memory as soon as the peer
 announces it (own block first, then around the ring), so no all-gather waits in front of
 the compute. Differentiable: the backward pass gathers keys and values (the project's
-``all_gather``), runs two flash-attention backward kernels (key/value gradients of every
-key from the local queries; query gradients) and reduce-scatters the key/value gradients
-(``reduce_scatter``) back to their ranks.
+``all_gather``), computes ``rowsum(dO * O)`` once, runs two flash-attention backward
+kernels (key/value gradients of every key from the local queries; query gradients) and
+reduce-scatters the key/value gradients (``reduce_scatter``) back to their ranks.
 
 Causal load balance: with ``layout="zigzag"`` each rank's local sequence is two chunks of
 the global one, ``r`` and ``2 * ranks - 1 - r`` (of ``2 * ranks`` equal chunks), so every
@@ -39,6 +39,7 @@ from jax_triton_dist import autotune, tiles
 from jax_triton_dist.axis_names import axis_size
 from jax_triton_dist.collectives import all_gather, reduce_scatter
 from jax_triton_dist.kernels.attention import (
+    attention_bwd_delta_kernel,
     attention_bwd_dkdv_kernel,
     attention_bwd_dq_kernel,
     flash_decode_kernel,
@@ -126,12 +127,19 @@ def _attention_bwd(axis_name, causal, scale, zigzag, residuals, dout):
     common = dict(axis_name=axis_name, B=b, SQ=s, H=h, KVH=kvh, scale=scale, HEAD_DIM=d,
                   CAUSAL=causal, ZIGZAG=zigzag)
     dout = dout.astype(q.dtype)
+    rows = b * s * h
+    block = tiles.attention_delta_rows(d)
+    delta = triton_call(attention_bwd_delta_kernel, out, dout,
+                        out_shape=jax.ShapeDtypeStruct((b, s, h), jnp.float32),
+                        grid=(triton.cdiv(rows, block),), axis_name=axis_name, rows=rows,
+                        HEAD_DIM=d, BLOCK=block)
     dk_all, dv_all = triton_call(
-        _tuned(attention_bwd_dkdv_kernel, s, d, forward=False), q, out, dout, lse, k_all, v_all,
+        _tuned(attention_bwd_dkdv_kernel, s, d, forward=False), q, dout, lse, delta, k_all,
+        v_all,
         out_shape=(jax.ShapeDtypeStruct(k_all.shape, jnp.float32),
                    jax.ShapeDtypeStruct(v_all.shape, jnp.float32)),
         grid=lambda meta: (b * kvh * world * triton.cdiv(s, meta["BLOCK_N"]),), **common)
-    dq = triton_call(_tuned(attention_bwd_dq_kernel, s, d, forward=False), q, out, dout, lse,
+    dq = triton_call(_tuned(attention_bwd_dq_kernel, s, d, forward=False), q, dout, lse, delta,
                      k_all, v_all, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
                      grid=lambda meta: (b * h * triton.cdiv(s, meta["BLOCK_M"]),), **common)
     # Every rank holds its queries' share of every key's gradient: sum them on the

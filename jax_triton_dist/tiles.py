@@ -12,7 +12,8 @@ import triton
 
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
            "gemm_configs", "fill_programs", "split_k_configs",
-           "attention_blocks", "attention_configs", "moe_dispatch_blocks",
+           "attention_blocks", "attention_configs", "attention_delta_rows",
+           "moe_dispatch_blocks",
            "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
@@ -176,6 +177,12 @@ def attention_configs(seq: int, head_dim: int, target: str = "cuda",
         if config not in configs:
             configs.append(config)
     return configs
+
+
+def attention_delta_rows(head_dim: int) -> int:
+    """Rows per program of the backward's ``rowsum(dO * O)`` kernel: 8192 elements of
+    each operand a program (at least 16 rows, at most 128)."""
+    return max(16, min(128, 8192 // head_dim))
 
 
 def split_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int]]:

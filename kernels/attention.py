@@ -225,26 +225,46 @@ def _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL: tl.
 
 
 @triton.jit
-def _query_block(q_ptr, o_ptr, do_ptr, lse_ptr, b, h, offs_m, SQ, H,
+def attention_bwd_delta_kernel(
+    o_ptr, do_ptr,  # [rows, D] outputs and output gradients ([B, SQ, H, D] flattened)
+    delta_ptr,  # [rows] float32: rowsum(dO * O)
+    rows,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The backward pass's per-row term ``delta = rowsum(dO * O)`` (float32), once per row
+    before the gradient kernels, which then read one float a query row instead of a row
+    of ``O`` in every inner iteration."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    valid = offs < rows
+    at = offs[:, None] * HEAD_DIM + offs_d[None, :]
+    o = tl.load(o_ptr + at, mask=valid[:, None], other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + at, mask=valid[:, None], other=0.0).to(tl.float32)
+    tl.store(delta_ptr + offs, tl.sum(o * do, 1), mask=valid)
+
+
+@triton.jit
+def _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, offs_m, SQ, H,
                  HEAD_DIM: tl.constexpr):
     """A block of query rows for the backward pass: queries, output gradients, the forward
-    pass's log-sum-exps and ``delta = rowsum(dO * O)``; zeros past ``SQ``."""
+    pass's log-sum-exps and ``delta`` (:func:`attention_bwd_delta_kernel`); zeros past
+    ``SQ``."""
     valid_q = offs_m < SQ
     offs_d = tl.arange(0, HEAD_DIM)
     rows = ((b * SQ + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
     q = tl.load(q_ptr + rows, mask=valid_q[:, None], other=0.0)
     do = tl.load(do_ptr + rows, mask=valid_q[:, None], other=0.0)
-    o = tl.load(o_ptr + rows, mask=valid_q[:, None], other=0.0)
     lse = tl.load(lse_ptr + (b * SQ + offs_m) * H + h, mask=valid_q, other=0.0)
-    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    delta = tl.load(delta_ptr + (b * SQ + offs_m) * H + h, mask=valid_q, other=0.0)
     return q, do, lse, delta
 
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
     # Pointers
-    q_ptr, o_ptr, do_ptr,  # [B, SQ, H, D] this rank's queries, outputs, output gradients
+    q_ptr, do_ptr,  # [B, SQ, H, D] this rank's queries and output gradients
     lse_ptr,  # [B, SQ, H] float32 (the forward pass's)
+    delta_ptr,  # [B, SQ, H] float32 rowsum(dO * O) (attention_bwd_delta_kernel)
     k_ptr, v_ptr,  # [B, SK, KVH, D] every rank's keys and values (SK = num_ranks * SQ)
     dk_ptr, dv_ptr,  # [B, SK, KVH, D] float32: this rank's queries' share of their gradients
     # Sizes
@@ -289,8 +309,8 @@ def attention_bwd_dkdv_kernel(
             offs_m = start + tl.arange(0, BLOCK_M)
             valid_q = offs_m < SQ
             pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
-            q, do, lse, delta = _query_block(q_ptr, o_ptr, do_ptr, lse_ptr, b, h, offs_m, SQ,
-                                             H, HEAD_DIM)
+            q, do, lse, delta = _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, offs_m,
+                                             SQ, H, HEAD_DIM)
             p = _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL)
             dv += tl.dot(tl.trans(p).to(do.dtype), do)
             dp = tl.dot(do, tl.trans(v)).to(tl.float32)
@@ -303,8 +323,9 @@ def attention_bwd_dkdv_kernel(
 @triton.jit
 def attention_bwd_dq_kernel(
     # Pointers
-    q_ptr, o_ptr, do_ptr,  # [B, SQ, H, D] this rank's queries, outputs, output gradients
+    q_ptr, do_ptr,  # [B, SQ, H, D] this rank's queries and output gradients
     lse_ptr,  # [B, SQ, H] float32
+    delta_ptr,  # [B, SQ, H] float32 rowsum(dO * O)
     k_ptr, v_ptr,  # [B, SK, KVH, D] every rank's keys and values (SK = num_ranks * SQ)
     dq_ptr,  # [B, SQ, H, D]: gradient of this rank's queries
     # Sizes
@@ -331,7 +352,7 @@ def attention_bwd_dq_kernel(
     valid_q = offs_m < SQ
     pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
     last_q = tl.max(tl.where(valid_q, pos_q, -1), 0)
-    q, do, lse, delta = _query_block(q_ptr, o_ptr, do_ptr, lse_ptr, b, h, offs_m, SQ, H,
+    q, do, lse, delta = _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, offs_m, SQ, H,
                                      HEAD_DIM)
     rows = ((b * SQ + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)

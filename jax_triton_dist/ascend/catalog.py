@@ -225,7 +225,7 @@ def _attention(ranks: int) -> list[Case]:
     sizes = {"B": b, "H": h, "KVH": kvh, "scale": 0.125}
     options = dict(blocks, HEAD_DIM=d, CAUSAL=True, ZIGZAG=False)
     module = "jax_triton_dist.kernels.attention:"
-    grads = {"q_ptr": "bf16", "o_ptr": "bf16", "do_ptr": "bf16", "lse_ptr": "fp32",
+    grads = {"q_ptr": "bf16", "do_ptr": "bf16", "lse_ptr": "fp32", "delta_ptr": "fp32",
              "k_ptr": "bf16", "v_ptr": "bf16"}
     return [
         Case("sequence_parallel_attention", module + "sequence_parallel_attention_kernel",
@@ -234,6 +234,9 @@ def _attention(ranks: int) -> list[Case]:
              {**options, **forward},
              # program 0 announces to every peer; the loop over ranks waits for each
              Expected(notifies=ranks - 1, waits=ranks)),
+        Case("attention_bwd_delta", module + "attention_bwd_delta_kernel",
+             {"o_ptr": "bf16", "do_ptr": "bf16", "delta_ptr": "fp32"}, {"rows": b * s * h},
+             {"HEAD_DIM": d, "BLOCK": tiles.attention_delta_rows(d)}, Expected(0, 0)),
         Case("attention_bwd_dkdv", module + "attention_bwd_dkdv_kernel",
              dict(grads, dk_ptr="fp32", dv_ptr="fp32"), dict(sizes, SQ=s), options,
              Expected(0, 0)),
