@@ -87,12 +87,8 @@ def _scale(scale: float | None, d: int) -> float:
 def _tuned(kernel, s: int, d: int, forward: bool) -> autotune.Autotuned:
     """``kernel`` with the attention configs of ``s`` local rows (``tiles.attention_configs``:
     the table's first, which runs on CPU and with tuning off; tuned on GPUs)."""
-    configs = []
-    for config in tiles.attention_configs(s, d, forward=forward):
-        config = dict(config)
-        warps, stages = config.pop("num_warps"), config.pop("num_stages")
-        configs.append(autotune.Config(config, num_warps=warps, num_stages=stages))
-    return autotune.autotune(configs)(kernel)
+    return autotune.autotune([autotune.Config.from_table(c)
+                              for c in tiles.attention_configs(s, d, forward=forward)])(kernel)
 
 
 def _attention_forward(q, k, v, axis_name, causal, scale, zigzag):

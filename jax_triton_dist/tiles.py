@@ -13,8 +13,7 @@ import triton
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
            "gemm_configs", "fill_programs", "split_k_configs",
            "attention_blocks", "attention_configs", "attention_delta_rows",
-           "moe_dispatch_blocks",
-           "moe_combine_blocks"]
+           "moe_dispatch_blocks", "moe_combine_blocks"]
 
 TARGETS = ("cuda", "ascend")
 MAX_EXCHANGE_BLOCK = 4096
@@ -168,12 +167,12 @@ def attention_configs(seq: int, head_dim: int, target: str = "cuda",
     configs = [first]
     if target != "cuda":
         return configs
-    for i, (bm, bn, warps, stages) in enumerate(_ATTENTION_SPACE + _ATTENTION_SPACE[
-            :_ATTENTION_TMA if forward else 0]):
-        config = {"BLOCK_M": _block(seq, bm), "BLOCK_N": _block(seq, bn), **extra,
+    space = [(entry, {}) for entry in _ATTENTION_SPACE]
+    if forward:
+        space += [(entry, {"USE_TMA": True}) for entry in _ATTENTION_SPACE[:_ATTENTION_TMA]]
+    for (bm, bn, warps, stages), form in space:
+        config = {"BLOCK_M": _block(seq, bm), "BLOCK_N": _block(seq, bn), **extra, **form,
                   "num_warps": warps, "num_stages": stages}
-        if i >= len(_ATTENTION_SPACE):
-            config["USE_TMA"] = True
         if config not in configs:
             configs.append(config)
     return configs

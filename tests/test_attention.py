@@ -92,12 +92,24 @@ def test_zigzag_layout(ranks):
 def test_gradients_match_the_reference(causal, layout, kvh):
     ranks = 4
     q, k, v = qkv(2, 4 * ranks, 2, kvh, 16, jnp.float32, seed=13)
-    f = sp(mesh_of((ranks,), ("sp",)), "sp", causal=causal, layout=layout)
-    order = (lambda x: zigzag(x, ranks)) if layout == "zigzag" else (lambda x: x)
-    undo = (lambda x: unzigzag(x, ranks)) if layout == "zigzag" else (lambda x: x)
-    weights = jnp.asarray(np.random.default_rng(14).standard_normal(q.shape), jnp.float32)
-    ours = jax.jit(jax.grad(lambda a, b, c: jnp.sum(undo(f(order(a), order(b), order(c)))
-                                                     * weights), argnums=(0, 1, 2)))(q, k, v)
+    check_gradients(q, k, v, ranks, causal, layout, seed=14)
+
+
+def in_layout(f, ranks, layout):
+    """``f`` (sharded attention) on a global sequence in natural order: reordered for the
+    zigzag layout and back."""
+    if layout != "zigzag":
+        return f
+    return lambda a, b, c: unzigzag(f(*(zigzag(x, ranks) for x in (a, b, c))), ranks)
+
+
+def check_gradients(q, k, v, ranks, causal, layout, seed):
+    """Gradients of a random weighting of the output vs the float32 reference's."""
+    f = in_layout(sp(mesh_of((ranks,), ("sp",)), "sp", causal=causal, layout=layout), ranks,
+                  layout)
+    weights = jnp.asarray(np.random.default_rng(seed).standard_normal(q.shape), jnp.float32)
+    ours = jax.jit(jax.grad(lambda a, b, c: jnp.sum(f(a, b, c) * weights),
+                            argnums=(0, 1, 2)))(q, k, v)
     want = jax.grad(lambda a, b, c: jnp.sum(reference(a, b, c, causal) * weights),
                     argnums=(0, 1, 2))(q, k, v)
     for got, ref in zip(ours, want, strict=True):
@@ -130,17 +142,10 @@ def test_every_block_config_and_tensor_descriptors(monkeypatch, config, causal, 
     # 40 rows a rank: whole blocks and a ragged tail; zigzag chunks of 20 rows straddle
     # query blocks.
     q, k, v = qkv(1, 40 * ranks, 2, 1, 16, jnp.float32, seed=23)
-    f = sp(mesh_of((ranks,), ("sp",)), "sp", causal=causal, layout=layout)
-    order = (lambda x: zigzag(x, ranks)) if layout == "zigzag" else (lambda x: x)
-    undo = (lambda x: unzigzag(x, ranks)) if layout == "zigzag" else (lambda x: x)
-    close(undo(f(*(order(x) for x in (q, k, v)))), reference(q, k, v, causal), jnp.float32)
-    weights = jnp.asarray(np.random.default_rng(24).standard_normal(q.shape), jnp.float32)
-    ours = jax.jit(jax.grad(lambda a, b, c: jnp.sum(undo(f(order(a), order(b), order(c)))
-                                                     * weights), argnums=(0, 1, 2)))(q, k, v)
-    want = jax.grad(lambda a, b, c: jnp.sum(reference(a, b, c, causal) * weights),
-                    argnums=(0, 1, 2))(q, k, v)
-    for got, ref in zip(ours, want, strict=True):
-        close(got, ref, jnp.float32)
+    f = in_layout(sp(mesh_of((ranks,), ("sp",)), "sp", causal=causal, layout=layout), ranks,
+                  layout)
+    close(f(q, k, v), reference(q, k, v, causal), jnp.float32)
+    check_gradients(q, k, v, ranks, causal, layout, seed=24)
 
 
 def test_the_hlo_holds_our_calls_and_no_xla_collective():

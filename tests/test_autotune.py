@@ -312,3 +312,18 @@ def test_the_ops_config_spaces_start_with_the_fixed_table():
         assert configs[0] == {"BLOCK": tiles.exchange_block(n)[0], "num_warps": 4}
         assert all(c["BLOCK"] <= configs[0]["BLOCK"] for c in configs)
     assert len(tiles.exchange_configs(1 << 20)) == 6
+
+
+def test_config_from_a_table_entry():
+    """``tiles`` entries carry their compile options; persistent ones are co-resident."""
+    from jax_triton_dist import tiles
+
+    entry = tiles.gemm_configs(8192, 8192, 8192)[0]
+    config = jtd.autotune.Config.from_table(entry)
+    assert config.num_warps == entry["num_warps"] and config.num_stages == entry["num_stages"]
+    assert "num_warps" not in config.kwargs and config.kwargs["BLOCK_M"] == entry["BLOCK_M"]
+    assert not config.co_resident
+    assert jtd.autotune.Config.from_table(dict(entry, PERSISTENT=True)).co_resident
+    exchange = jtd.autotune.Config.from_table(tiles.exchange_configs(1000)[0])
+    assert exchange.num_stages is None and exchange.kwargs == {"BLOCK": 1024}
+    assert "num_warps" in entry  # the entry itself is left as it was

@@ -106,9 +106,7 @@ def _tuned_job(op: str, world: int) -> dict[str, Any]:
     configs = []
     for config in tiles.gemm_configs(rows, n, k, 1 if op == "matmul_all_reduce" else world,
                                      tma=True):
-        config = dict(config, PERSISTENT=True)
-        warps, stages = config.pop("num_warps"), config.pop("num_stages")
-        tuned = autotune.Config(config, num_warps=warps, num_stages=stages, co_resident=True)
+        tuned = autotune.Config.from_table(dict(config, PERSISTENT=True))
         if tuned not in configs:
             configs.append(tuned)
     for key in (*TILE, "PERSISTENT"):

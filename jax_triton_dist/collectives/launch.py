@@ -28,9 +28,8 @@ ONE_SHOT_MAX_BYTES = 256 * 1024
 def _tuned(kernel, n: int):
     """``kernel`` autotuned over the exchange configs of ``n`` elements per block (the
     fixed choice first: what runs on CPU and with tuning off)."""
-    configs = [autotune.Config({"BLOCK": c["BLOCK"]}, num_warps=c["num_warps"])
-               for c in tiles.exchange_configs(n)]
-    return autotune.autotune(configs)(kernel)
+    return autotune.autotune([autotune.Config.from_table(c)
+                              for c in tiles.exchange_configs(n)])(kernel)
 
 
 def _programs(n: int):

@@ -64,13 +64,8 @@ def _tuned(kernel, m: int, n: int, k: int, copies: int, w_nk: bool) -> autotune.
     """``kernel`` with the GEMM configs of ``copies`` ``[m, k] @ [k, n]`` products: the
     fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; tensor-
     descriptor forms for ``[K, N]`` weights."""
-    configs = []
-    for config in tiles.gemm_configs(m, n, k, copies, tma=not w_nk):
-        config = dict(config)
-        warps, stages = config.pop("num_warps"), config.pop("num_stages")
-        configs.append(autotune.Config(config, num_warps=warps, num_stages=stages,
-                                       co_resident=bool(config["PERSISTENT"])))
-    return autotune.autotune(configs)(kernel)
+    return autotune.autotune([autotune.Config.from_table(c)
+                              for c in tiles.gemm_configs(m, n, k, copies, tma=not w_nk)])(kernel)
 
 
 def _grid(tiles_of: Callable[[dict], int]) -> Callable[[dict], tuple[int]]:

@@ -93,6 +93,17 @@ class Config:
                                       or value < 1):
                 raise ValueError(f"Config: {name} must be a positive int, got {value!r}")
 
+    @classmethod
+    def from_table(cls, entry: Mapping[str, Any], co_resident: bool | None = None) -> Config:
+        """A config from a ``tiles`` entry (constexprs plus ``num_warps`` and, when given,
+        ``num_stages``, which become the compile options). ``co_resident`` defaults to the
+        entry's ``PERSISTENT`` (a persistent kernel's programs wait on each other)."""
+        kwargs = dict(entry)
+        warps, stages = kwargs.pop("num_warps", None), kwargs.pop("num_stages", None)
+        if co_resident is None:
+            co_resident = bool(kwargs.get("PERSISTENT", False))
+        return cls(kwargs, num_warps=warps, num_stages=stages, co_resident=co_resident)
+
     def as_dict(self) -> dict[str, Any]:
         """The config as JSON-compatible data (how the disk cache stores it)."""
         return {"kwargs": dict(sorted(self.kwargs.items())), "num_warps": self.num_warps,
