@@ -436,9 +436,14 @@ def release(call_id: int) -> None:
     if heap.running_backend() is None:
         return
     for team in site.teams.values():
-        if team.offset is not None and not team.name and team.generation == lifetime.generation():
-            heap.release(team.offset)
-            team.offset = None
+        _free_region(team)
+
+
+def _free_region(team: TeamState) -> None:
+    """Frees a team's region (of this process, of the current SHMEM instance)."""
+    if team.offset is not None and not team.name and team.generation == lifetime.generation():
+        heap.release(team.offset)
+        team.offset = None
 
 
 def instance_key(instance: int, key: tuple) -> tuple:
@@ -457,9 +462,7 @@ def release_instance(call_id: int, instance: int) -> None:
         keys = [k for k in site.teams if k[:2] == ("instance", instance)]
         teams = [site.teams.pop(k) for k in keys]
     for team in teams:
-        if team.offset is not None and not team.name and team.generation == lifetime.generation():
-            heap.release(team.offset)
-            team.offset = None
+        _free_region(team)
 
 
 def live_sites() -> tuple[int, int]:
