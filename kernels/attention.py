@@ -157,7 +157,9 @@ def sequence_parallel_attention_kernel(
     b = bh // H
     h = bh % H
     kvh = h // (H // KVH)
-    offs_m = (pid % blocks_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # last query block first: under a causal mask it has the most keys to visit, and the
+    # lighter blocks then fill the device's tail
+    offs_m = (blocks_m - 1 - pid % blocks_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = q_ptr + ((b * S + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
     q = tl.load(q_rows, mask=(offs_m < S)[:, None], other=0.0)
@@ -213,15 +215,12 @@ def sequence_parallel_attention_kernel(
 
 
 @triton.jit
-def _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL: tl.constexpr):
-    """``softmax`` probabilities of a (query block, key block) pair, recomputed from the
-    forward pass's log-sum-exps; zero where masked."""
-    qk = tl.dot(q, tl.trans(k)) * scale
-    keep = valid_q[:, None] & valid_k[None, :]
-    if CAUSAL:
-        keep = keep & (pos_k[None, :] <= pos_q[:, None])
+def _probabilities(scores, lse, keep, scale):
+    """``softmax`` probabilities recomputed from raw scores (``q . k``) and the forward
+    pass's log-sum-exps (broadcast to ``scores``' shape by the caller); zero where not
+    ``keep`` and on rows that saw no key."""
     lse_safe = tl.where(lse == float("-inf"), 0.0, lse)
-    return tl.where(keep, tl.exp2((qk - lse_safe[:, None]) * LOG2E), 0.0)
+    return tl.where(keep, tl.exp2((scores * scale - lse_safe) * LOG2E), 0.0)
 
 
 @triton.jit
@@ -245,14 +244,18 @@ def attention_bwd_delta_kernel(
 
 @triton.jit
 def _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, offs_m, SQ, H,
-                 HEAD_DIM: tl.constexpr):
-    """A block of query rows for the backward pass: queries, output gradients, the forward
-    pass's log-sum-exps and ``delta`` (:func:`attention_bwd_delta_kernel`); zeros past
-    ``SQ``."""
+                 HEAD_DIM: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """A block of query rows for the backward pass: queries (``[HEAD_DIM, BLOCK_M]`` when
+    ``TRANSPOSED``, read so from memory), output gradients, the forward pass's
+    log-sum-exps and ``delta`` (:func:`attention_bwd_delta_kernel`); zeros past ``SQ``."""
     valid_q = offs_m < SQ
     offs_d = tl.arange(0, HEAD_DIM)
     rows = ((b * SQ + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(q_ptr + rows, mask=valid_q[:, None], other=0.0)
+    if TRANSPOSED:
+        columns = ((b * SQ + offs_m) * H + h)[None, :] * HEAD_DIM + offs_d[:, None]
+        q = tl.load(q_ptr + columns, mask=valid_q[None, :], other=0.0)
+    else:
+        q = tl.load(q_ptr + rows, mask=valid_q[:, None], other=0.0)
     do = tl.load(do_ptr + rows, mask=valid_q[:, None], other=0.0)
     lse = tl.load(lse_ptr + (b * SQ + offs_m) * H + h, mask=valid_q, other=0.0)
     delta = tl.load(delta_ptr + (b * SQ + offs_m) * H + h, mask=valid_q, other=0.0)
@@ -277,7 +280,9 @@ def attention_bwd_dkdv_kernel(
     """Program ``(b, kv head, rank src, key block of src's rows)``: the gradients of that
     key block from every query head of the group and every local query block. Row ``j``
     of the gathered keys is row ``j % SQ`` of rank ``j // SQ``. Causal: the local query
-    blocks wholly before the block's first key are not visited (a loop bound)."""
+    blocks wholly before the block's first key are not visited (a loop bound). Works on
+    transposed scores (keys by queries; queries read transposed) so that no computed
+    block is transposed in registers; the softmax scale is applied to ``dK`` once."""
     pid = tl.program_id(0)
     me = dl.rank()
     world = dl.num_ranks()
@@ -309,14 +314,17 @@ def attention_bwd_dkdv_kernel(
             offs_m = start + tl.arange(0, BLOCK_M)
             valid_q = offs_m < SQ
             pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
-            q, do, lse, delta = _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, offs_m,
-                                             SQ, H, HEAD_DIM)
-            p = _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL)
-            dv += tl.dot(tl.trans(p).to(do.dtype), do)
-            dp = tl.dot(do, tl.trans(v)).to(tl.float32)
-            ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds).to(q.dtype), q) * scale
-    tl.store(dk_ptr + kv_rows, dk, mask=valid_k[:, None])
+            q_t, do, lse, delta = _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h,
+                                               offs_m, SQ, H, HEAD_DIM, True)
+            keep = valid_k[:, None] & valid_q[None, :]
+            if CAUSAL:
+                keep = keep & (pos_k[:, None] <= pos_q[None, :])
+            p_t = _probabilities(tl.dot(k, q_t), lse[None, :], keep, scale)
+            dv += tl.dot(p_t.to(do.dtype), do)
+            dp_t = tl.dot(v, tl.trans(do)).to(tl.float32)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t))
+    tl.store(dk_ptr + kv_rows, dk * scale, mask=valid_k[:, None])
     tl.store(dv_ptr + kv_rows, dv, mask=valid_k[:, None])
 
 
@@ -347,13 +355,15 @@ def attention_bwd_dq_kernel(
     b = bh // H
     h = bh % H
     kvh = h // (H // KVH)
-    offs_m = (pid % blocks_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # last query block first: under a causal mask it has the most keys to visit, and the
+    # lighter blocks then fill the device's tail
+    offs_m = (blocks_m - 1 - pid % blocks_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     valid_q = offs_m < SQ
     pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
     last_q = tl.max(tl.where(valid_q, pos_q, -1), 0)
     q, do, lse, delta = _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, offs_m, SQ, H,
-                                     HEAD_DIM)
+                                     HEAD_DIM, False)
     rows = ((b * SQ + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     for src in range(0, world):
@@ -368,11 +378,14 @@ def attention_bwd_dq_kernel(
                 + offs_d[None, :]
             k = tl.load(k_ptr + kv_rows, mask=valid_k[:, None], other=0.0)
             v = tl.load(v_ptr + kv_rows, mask=valid_k[:, None], other=0.0)
-            p = _probabilities(q, k, lse, pos_q, pos_k, valid_q, valid_k, scale, CAUSAL)
+            keep = valid_q[:, None] & valid_k[None, :]
+            if CAUSAL:
+                keep = keep & (pos_k[None, :] <= pos_q[:, None])
+            p = _probabilities(tl.dot(q, tl.trans(k)), lse[:, None], keep, scale)
             dp = tl.dot(do, tl.trans(v)).to(tl.float32)
             ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k) * scale
-    tl.store(dq_ptr + rows, dq.to(dq_ptr.dtype.element_ty), mask=valid_q[:, None])
+            dq += tl.dot(ds.to(k.dtype), k)
+    tl.store(dq_ptr + rows, (dq * scale).to(dq_ptr.dtype.element_ty), mask=valid_q[:, None])
 
 
 @triton.jit

@@ -12,7 +12,11 @@ import triton.language as tl
 
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.allreduce import two_shot_all_reduce_kernel
-from jax_triton_dist.kernels.attention import sequence_parallel_attention_kernel
+from jax_triton_dist.kernels.attention import (
+    attention_bwd_dkdv_kernel,
+    attention_bwd_dq_kernel,
+    sequence_parallel_attention_kernel,
+)
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
 from jax_triton_dist.kernels.gemm_collectives import (
@@ -126,3 +130,17 @@ def test_attention_forward_compiles_to_wgmma(use_tma):
                          num_warps=8, num_stages=3).asm["ptx"]
     assert ptx.count("wgmma.mma_async") >= 2 and "ld.global.sys.acquire" in ptx
     assert ("cp.async.bulk.tensor" in ptx) == use_tma
+
+
+@pytest.mark.parametrize("kernel", [attention_bwd_dkdv_kernel, attention_bwd_dq_kernel],
+                         ids=["dkdv", "dq"])
+def test_attention_backward_compiles_to_wgmma(kernel):
+    """The backward kernels at a tuned block (64 x 64, head_dim 128, causal): every product
+    on the warpgroup MMA (dK/dV: three, with the scores computed keys-by-queries)."""
+    outputs = (F32, F32) if kernel is attention_bwd_dkdv_kernel else (BF16,)
+    signature, constexprs = signature_of(
+        kernel, [("pointer", p) for p in (BF16, BF16, F32, F32, BF16, BF16, *outputs)],
+        {"B": 1, "SQ": 4096, "H": 32, "KVH": 8, "scale": 0.088, "HEAD_DIM": 128,
+         "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True, "ZIGZAG": False})
+    ptx = compile_kernel(kernel, signature, constexprs, num_warps=4, num_stages=3).asm["ptx"]
+    assert ptx.count("wgmma.mma_async") >= (4 if kernel is attention_bwd_dkdv_kernel else 3)
