@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
-           "gemm_configs", "fill_programs", "split_k_configs",
+           "gemm_configs", "gemm_shared_bytes", "fill_programs", "split_k_configs",
            "attention_blocks", "attention_configs", "attention_delta_rows",
            "moe_dispatch_blocks", "moe_combine_blocks"]
 
@@ -84,11 +84,29 @@ _CUDA_SPACE = {
               (128, 128, 64, 4, 4, False), (128, 64, 64, 4, 4, False),
               (64, 128, 64, 4, 4, False), (128, 128, 64, 8, 3, True),
               (128, 256, 64, 8, 3, True), (128, 256, 64, 8, 4, False),
-              (128, 256, 64, 8, 4, True)],
+              (128, 256, 64, 8, 4, True), (256, 128, 64, 8, 3, True)],
     "decode": [(64, 64, 64, 4, 4, False), (32, 64, 128, 4, 4, False),
                (64, 128, 64, 4, 4, False), (128, 64, 64, 4, 3, False),
-               (64, 64, 128, 4, 3, True)],
+               (64, 64, 128, 4, 3, True),
+               # narrow, deep tiles: more programs and fewer K steps each, for the fused
+               # ops (which have no split-K form) at decode shapes
+               (64, 32, 256, 4, 3, False), (32, 32, 256, 4, 3, False),
+               (32, 64, 256, 4, 3, False)],
 }
+
+
+# Shared memory one program of an H100/H200 may use (227 KiB), which the GEMM configs'
+# buffers must fit: launching a kernel that asks for more fails.
+_SHARED_MEMORY = {"cuda": 227 * 1024}
+
+
+def gemm_shared_bytes(config: dict[str, int | bool], itemsize: int = 2) -> int:
+    """Shared memory of a GEMM config with ``itemsize``-byte operands: ``num_stages``
+    buffers of A's ``[BLOCK_M, BLOCK_K]`` and B's ``[BLOCK_K, BLOCK_N]`` blocks, plus the
+    output tile's staging buffer of a ``TMA_STORE`` config."""
+    operands = config["BLOCK_K"] * (config["BLOCK_M"] + config["BLOCK_N"]) * itemsize
+    output = config["BLOCK_M"] * config["BLOCK_N"] * itemsize if config.get("TMA_STORE") else 0
+    return config["num_stages"] * operands + output
 
 
 def fill_programs(target: str = "cuda") -> int:
@@ -98,17 +116,19 @@ def fill_programs(target: str = "cuda") -> int:
 
 
 def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
-                 tma: bool = False, flatten: bool = False) -> list[dict[str, int | bool]]:
+                 tma: bool = False, tile_kernel: bool = False) -> list[dict[str, int | bool]]:
     """The autotuner's configs for ``copies`` ``[m, k] @ [k, n]`` products in one grid:
     :func:`gemm_tiles`' choice first (with ``num_stages`` 3), then the target's space for
     the problem's size, clamped to the problem, without repeats. Each is a dict of the
     constexprs (``PERSISTENT`` and ``USE_TMA`` among them) and ``num_warps`` /
     ``num_stages``. ``tma``: the caller's operands allow tensor descriptors (``[K, N]``
     weights, unit inner strides): each CUDA config also comes in its ``USE_TMA`` form,
-    where ``k`` and ``n`` keep rows 16-byte aligned for any element type. ``flatten``: the
-    GEMM tile kernel's (``kernels/gemm.py``) ``FLATTEN`` forms of the persistent
-    ``USE_TMA`` configs follow (its tile and K loops pipelined as one; the fused kernels,
-    whose tile loops wait on flags, have no such form)."""
+    where ``k`` and ``n`` keep rows 16-byte aligned for any element type. ``tile_kernel``:
+    the configs of the GEMM tile kernel (``kernels/gemm.py``), whose persistent ``USE_TMA``
+    configs also come in forms the fused kernels (tile loops that wait on flags, stores
+    that go to peers) lack: ``FLATTEN`` (its tile and K loops pipelined as one) and
+    ``TMA_STORE`` (output tiles stored through a descriptor), each and both. Configs whose
+    2-byte operands overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}
     configs = [first]
@@ -123,9 +143,13 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
             configs.append(config)
     if tma and k % 16 == 0 and n % 16 == 0:
         configs += [dict(config, USE_TMA=True) for config in configs]
-        if flatten:
-            configs += [dict(config, FLATTEN=True) for config in configs
-                        if config["USE_TMA"] and config["PERSISTENT"]]
+        if tile_kernel:
+            persistent = [c for c in configs if c["USE_TMA"] and c["PERSISTENT"]]
+            configs += [dict(c, FLATTEN=True) for c in persistent]
+            configs += [dict(c, TMA_STORE=True, FLATTEN=flat) for flat in (False, True)
+                        for c in persistent]
+    # bf16 / f16 operands must fit (float32 ones that do not are skipped when tuning)
+    configs = [c for c in configs if gemm_shared_bytes(c) <= _SHARED_MEMORY[target]]
     return configs
 
 

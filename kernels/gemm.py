@@ -19,14 +19,30 @@ def tile_descriptor(ptr, rows, cols, stride_row, stride_col,
 
 
 @triton.jit
+def weight_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K: tl.constexpr,
+                      BLOCK_N: tl.constexpr, B_NK: tl.constexpr):
+    """The :func:`tile_descriptor` of a weight ``B`` (element ``(k, n)`` at ``k * stride_bk +
+    n * stride_bn``) as it lies in memory: ``[K, N]`` moving ``[BLOCK_K, BLOCK_N]`` blocks,
+    or (``B_NK``: stored ``[N, K]``, unit ``stride_bk``) ``[N, K]`` moving ``[BLOCK_N,
+    BLOCK_K]`` blocks, which :func:`matmul_tile_tma` transposes in shared memory."""
+    if B_NK:  # (one return: Triton visits the code after a constexpr branch that returns)
+        desc = tile_descriptor(b_ptr, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K)
+    else:
+        desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+    return desc
+
+
+@triton.jit
 def matmul_tile_tma(a_desc, b_desc, row, col, K,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    B_NK: tl.constexpr = False):
     """``A[row:row + BLOCK_M, :] @ B[:, col:col + BLOCK_N]`` accumulated in float32, A and B
-    read through :func:`tile_descriptor` descriptors (blocks ``[BLOCK_M, BLOCK_K]`` and
-    ``[BLOCK_K, BLOCK_N]``)."""
+    read through descriptors (A's blocks ``[BLOCK_M, BLOCK_K]``; B's as
+    :func:`weight_descriptor` makes them for ``B_NK``)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
-        acc = tl.dot(a_desc.load([row, k]), b_desc.load([k, col]), acc)
+        b = b_desc.load([col, k]).T if B_NK else b_desc.load([k, col])
+        acc = tl.dot(a_desc.load([row, k]), b, acc)
     return acc
 
 
@@ -126,25 +142,35 @@ def matmul_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
-    FLATTEN: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
 ):
     """``C = A @ B``, one output tile per program in grouped (L2-friendly) order; or
     (``PERSISTENT``) fewer programs, each looping over tiles ``program, program + programs,
     ...`` of that order. ``USE_TMA``: A and B through tensor descriptors made once per
     program, as the fused kernels read their weights. ``FLATTEN`` (persistent, with
     ``USE_TMA``): the tile loop and the K loop are flattened into one software-pipelined
-    loop, so a tile's first loads overlap the previous tile's last MMAs and its store."""
+    loop, so a tile's first loads overlap the previous tile's last MMAs and its store.
+    ``TMA_STORE`` (with ``USE_TMA``): output tiles go out through a descriptor of C (a bulk
+    asynchronous copy from shared memory, clipped at the edges) instead of per-thread
+    stores."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     step = tl.num_programs(0) if PERSISTENT else tiles_m * tiles_n
     if USE_TMA:
         a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
         b_desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+        c_desc = c_ptr
+        if TMA_STORE:
+            c_desc = tile_descriptor(c_ptr, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, step, flatten=FLATTEN):
             pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
             acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
                                   BLOCK_M, BLOCK_N, BLOCK_K)
-            store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+            if TMA_STORE:
+                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+            else:
+                store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M,
+                           BLOCK_N)
     else:
         for tile in range(tl.program_id(0), tiles_m * tiles_n, step):
             pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)

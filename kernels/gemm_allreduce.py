@@ -5,7 +5,13 @@ import triton.language as tl
 
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.exchange import epoch_half
-from jax_triton_dist.kernels.gemm import matmul_tile, matmul_tile_tma, store_tile, tile_descriptor
+from jax_triton_dist.kernels.gemm import (
+    matmul_tile,
+    matmul_tile_tma,
+    store_tile,
+    tile_descriptor,
+    weight_descriptor,
+)
 from jax_triton_dist.kernels.tile_exchange import forward_tile, keep_tile, sum_tile
 from jax_triton_dist.swizzle import grouped_tile
 
@@ -25,6 +31,7 @@ def matmul_all_reduce_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
+    B_NK: tl.constexpr = False,
 ):
     """Each output tile: this rank's partial is computed, pushed (in the slots' type) to
     every other rank as soon as it is done, then all ranks' partials of that tile are
@@ -45,18 +52,18 @@ def matmul_all_reduce_kernel(
     b_desc = b_ptr
     if USE_TMA:
         a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
-        b_desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+        b_desc = weight_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N, B_NK)
     if PERSISTENT:
         for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
             _matmul_all_reduce_tile(tile, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags,
                                     me, world, epoch, M, N, K, stride_am, stride_ak,
                                     stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                    USE_TMA)
+                                    USE_TMA, B_NK)
     else:
         _matmul_all_reduce_tile(tl.program_id(0), a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots,
                                 flags, me, world, epoch, M, N, K, stride_am, stride_ak,
                                 stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                USE_TMA)
+                                USE_TMA, B_NK)
 
 
 @triton.jit
@@ -64,7 +71,7 @@ def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, fl
                             world, epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                            USE_TMA: tl.constexpr):
+                            USE_TMA: tl.constexpr, B_NK: tl.constexpr):
     """Output tile number ``tile`` (grouped order)."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -74,7 +81,7 @@ def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, fl
     # ---- this rank's partial tile ----
     if USE_TMA:
         acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M,
-                              BLOCK_N, BLOCK_K)
+                              BLOCK_N, BLOCK_K, B_NK)
     else:
         acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
                           stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)

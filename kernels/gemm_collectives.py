@@ -18,6 +18,7 @@ from jax_triton_dist.kernels.gemm import (
     store_rows_tile,
     store_tile,
     tile_descriptor,
+    weight_descriptor,
 )
 from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile
 from jax_triton_dist.swizzle import own_last_tile, rank_rotated_tile
@@ -40,7 +41,7 @@ def all_gather_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
-    USE_TMA: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False,
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
@@ -58,19 +59,19 @@ def all_gather_matmul_kernel(
             dl.notify(flags + me, (me + i) % world, epoch, "set", "sys")
     w_desc = w_ptr  # USE_TMA: the weights' descriptor, made once per program
     if USE_TMA:
-        w_desc = tile_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N)
+        w_desc = weight_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N, W_NK)
     if PERSISTENT:
         num_tiles = world * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             _all_gather_matmul_tile(tile, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags, me,
                                     world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
                                     BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
-                                    USE_TMA)
+                                    USE_TMA, W_NK)
     else:
         _all_gather_matmul_tile(tl.program_id(0), x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags,
                                 me, world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
                                 BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
-                                USE_TMA)
+                                USE_TMA, W_NK)
 
 
 @triton.jit
@@ -79,7 +80,7 @@ def _all_gather_matmul_tile(tile, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags, 
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                            USE_TMA: tl.constexpr):
+                            USE_TMA: tl.constexpr, W_NK: tl.constexpr):
     """Output tile number ``tile`` of the rank-rotated order."""
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
@@ -92,7 +93,8 @@ def _all_gather_matmul_tile(tile, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags, 
     a_ptr = dl.symm_at(x_ptr, shard)
     if USE_TMA:  # each shard is its own buffer: its descriptor is made per tile
         acc = matmul_tile_tma(tile_descriptor(a_ptr, m, K, K, 1, BLOCK_M, BLOCK_K), w_desc,
-                              local_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+                              local_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                              W_NK)
     else:
         acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, stride_wk, stride_wn,
                           BLOCK_M, BLOCK_N, BLOCK_K)
@@ -122,7 +124,7 @@ def matmul_reduce_scatter_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
-    USE_TMA: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (in the slots' type) into
@@ -144,18 +146,19 @@ def matmul_reduce_scatter_kernel(
     w_desc = w_ptr
     if USE_TMA:
         x_desc = tile_descriptor(x_ptr, world * seg, K, K, 1, BLOCK_M, BLOCK_K)
-        w_desc = tile_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N)
+        w_desc = weight_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N, W_NK)
     if PERSISTENT:
         for tile in range(tl.program_id(0), world * tiles_per_segment, tl.num_programs(0)):
             _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
                                         slots, flags, me, world, epoch, seg, N, K, R,
                                         stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                        GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA)
+                                        GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
+                                        W_NK)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), x_ptr, w_ptr, x_desc, w_desc, bias_ptr,
                                     c_ptr, slots, flags, me, world, epoch, seg, N, K, R,
                                     stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                    BATCHED, HAS_BIAS, ACTIVATION, USE_TMA)
+                                    BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK)
 
 
 @triton.jit
@@ -164,7 +167,8 @@ def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                 BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
-                                ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr):
+                                ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr,
+                                W_NK: tl.constexpr):
     """Output tile number ``tile`` of the own-segment-last order (``USE_TMA`` applies to
     unbatched rows)."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
@@ -179,7 +183,7 @@ def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_
                                BLOCK_K)
     elif USE_TMA:  # a tile past the segment's end reads the next one's rows: not stored
         acc = matmul_tile_tma(x_desc, w_desc, segment * seg + local_m * BLOCK_M,
-                              pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+                              pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_NK)
     else:
         acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1,
                           stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)

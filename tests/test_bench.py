@@ -34,7 +34,7 @@ def test_gemm_benchmark_times_every_config_on_cpu(tmp_path):
                 "--json", str(path)])
     (row,) = json.loads(path.read_text())["results"]
     assert row["shape"] == "32x48x16" and row["timing"] == "wall"  # no device kernels on CPU
-    space = (tiles.gemm_configs(32, 48, 16, tma=True, flatten=True)
+    space = (tiles.gemm_configs(32, 48, 16, tma=True, tile_kernel=True)
              + tiles.split_k_configs(32, 48, 16))
     assert any(c.get("FLATTEN") for c in space)
     assert len(row["configs"]) == len(space)
@@ -78,8 +78,8 @@ def test_single_gpu_fused_part_runs_on_cpu(tmp_path, capsys):
                 "--platform", "cpu", "--json", str(path)])
     rows = json.loads(path.read_text())["results"]
     assert [r["op"] for r in rows] == ["all_gather_matmul", "matmul_reduce_scatter",
-                                       "matmul_all_reduce"] * 2
-    assert [r["layout"] for r in rows] == ["kn"] * 3 + ["nk"] * 3
+                                       "matmul_all_reduce"] * 3
+    assert [r["layout"] for r in rows] == ["kn"] * 3 + ["nk"] * 3 + ["batched"] * 3
     for row in rows:
         assert row["ours_us"] > 0 and row["dot_us"] > 0 and row["rel_err"] < 2e-2
 
@@ -129,3 +129,19 @@ def test_collectives_benchmark_cli_plots(tmp_path):
     bench.main(["collectives", "--sizes", "512", "2048", "--ranks", "2", "--iters", "1",
                 "--json", str(tmp_path / "c.json"), "--platform", "cpu", "--plot", str(out)])
     assert out.stat().st_size > 5000
+
+
+def test_overlap_bench_tunes_fused_op_and_gemm_alone_over_one_space():
+    """The tuned overlap ratio compares like with like: the fused op and the GEMM alone
+    choose from the same persistent configs, and neither keeps the fixed tile."""
+    from jax_triton_dist.bench import overlap
+
+    for op in overlap.SHAPES:
+        for world in (2, 8):
+            fused = overlap._tuned_job(op, world)
+            gemm = overlap._autotuned(overlap._gemm_job(op), op, world)
+            assert fused["kernel"].configs == gemm["kernel"].configs
+            assert all(c.kwargs["PERSISTENT"] for c in gemm["kernel"].configs)
+            assert any(c.kwargs["USE_TMA"] for c in gemm["kernel"].configs)
+            for job in (fused, gemm):
+                assert not set(overlap.TILE) & set(job["kwargs"])

@@ -144,3 +144,16 @@ def test_attention_backward_compiles_to_wgmma(kernel):
          "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True, "ZIGZAG": False})
     ptx = compile_kernel(kernel, signature, constexprs, num_warps=4, num_stages=3).asm["ptx"]
     assert ptx.count("wgmma.mma_async") >= (4 if kernel is attention_bwd_dkdv_kernel else 3)
+
+
+@pytest.mark.parametrize("name", ["all_gather_matmul", "matmul_reduce_scatter",
+                                  "matmul_all_reduce"])
+def test_fused_kernels_read_nk_weights_through_tma(name):
+    """``[N, K]`` weights through tensor descriptors: ``[BLOCK_N, BLOCK_K]`` blocks come
+    in by TMA and feed the warpgroup MMA transposed (no transpose through registers)."""
+    kernel, pointers, kwargs = CASES[name]
+    k = kwargs["K"]
+    strides = ({"stride_bk": 1, "stride_bn": k, "B_NK": True} if name == "matmul_all_reduce"
+               else {"stride_wk": 1, "stride_wn": k, "W_NK": True})
+    ptx = ptx_of(kernel, pointers, {**kwargs, **strides, "USE_TMA": True})
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx

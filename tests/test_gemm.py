@@ -27,6 +27,8 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
     if k % 16 == 0 and n % 16 == 0:  # tensor descriptors need 16-byte aligned rows
         configs += [dict(tile, PERSISTENT=p, USE_TMA=True) for p in (False, True)]
         configs += [dict(tile, PERSISTENT=True, USE_TMA=True, FLATTEN=True)]
+        configs += [dict(tile, PERSISTENT=True, USE_TMA=True, FLATTEN=f, TMA_STORE=True)
+                    for f in (False, True)]
     for config in configs:
         f = jax.jit(jax.shard_map(lambda x, y, c=config: gemm.matmul(x, y, c), mesh=mesh,
                                   in_specs=(P(), P()), out_specs=P(), check_vma=False))
@@ -48,19 +50,22 @@ def test_bf16_matmul_uses_wgmma_on_sm90():
     assert "wgmma.mma_async" in compiled.asm["ptx"]
 
 
-def test_flattened_persistent_tma_tile_compiles_for_sm90():
-    """The FLATTEN form: descriptors made once, one pipelined loop, bulk tensor copies."""
+@pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma-store"])
+def test_flattened_persistent_tma_tile_compiles_for_sm90(tma_store):
+    """The FLATTEN form: descriptors made once, one pipelined loop, bulk tensor copies
+    (``TMA_STORE``: out of shared memory into C as well)."""
     positional = [("pointer", np.dtype(jnp.bfloat16))] * 3
     kwargs = {"M": 8192, "N": 4096, "K": 1376, "stride_am": 1376, "stride_ak": 1,
               "stride_bk": 4096, "stride_bn": 1, "stride_cm": 4096, "stride_cn": 1,
               "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "PERSISTENT": True,
-              "USE_TMA": True, "FLATTEN": True}
+              "USE_TMA": True, "FLATTEN": True, "TMA_STORE": tma_store}
     signature, constexprs = cuda_compile.signature_of(matmul_kernel, positional, kwargs)
     attrs = cuda_compile.divisibility(signature, positional, kwargs)
     ptx = cuda_compile.compile_kernel(matmul_kernel, signature, constexprs, attrs=attrs,
                                       num_warps=8, num_stages=3).asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
-    assert ptx.count("tensormap") >= 2  # the two descriptors, made before the loop
+    assert ptx.count("tensormap") >= (3 if tma_store else 2)  # descriptors, made once
+    assert ("cp.async.bulk.tensor.2d.global.shared" in ptx) == tma_store
 
 
 def test_gemm_benchmark_rows():
@@ -76,10 +81,19 @@ def test_tma_configs_only_where_rows_are_aligned():
     both = tiles.gemm_configs(8192, 1376, 4096, tma=True)
     assert not any(c["USE_TMA"] for c in plain)
     assert both == plain + [dict(c, USE_TMA=True) for c in plain]
-    flat = tiles.gemm_configs(8192, 1376, 4096, tma=True, flatten=True)
-    assert flat[:len(both)] == both and all(c["FLATTEN"] for c in flat[len(both):])
-    assert [dict(c, FLATTEN=False) for c in flat[len(both):]] == [
-        dict(c, FLATTEN=False) for c in both if c["USE_TMA"] and c["PERSISTENT"]]
+    tile = tiles.gemm_configs(8192, 1376, 4096, tma=True, tile_kernel=True)
+    persistent = [c for c in both if c["USE_TMA"] and c["PERSISTENT"]]
+    assert persistent and tile[:len(both)] == both
+    forms = [(False, True), (True, False), (True, True)]  # (TMA_STORE, FLATTEN) after both
+    fits = lambda c: tiles.gemm_shared_bytes(c) <= 227 * 1024  # noqa: E731
+    assert tile[len(both):] == [
+        form for s, f in forms for c in persistent
+        if fits(form := dict(c, FLATTEN=f, **({"TMA_STORE": True} if s else {})))]
+    # 128x256x64 with 4 stages fits (192 KiB) but not with the output's staging buffer
+    deep = [c for c in persistent if c["BLOCK_N"] == 256 and c["num_stages"] == 4]
+    assert deep and all(dict(c, TMA_STORE=True, FLATTEN=f) not in tile
+                        for c in deep for f in (False, True))
+    assert all(fits(c) for c in tile)
     assert tiles.gemm_configs(130, 70, 33, tma=True) == tiles.gemm_configs(130, 70, 33)
     assert tiles.gemm_configs(64, 64, 64, target="ascend", tma=True) == tiles.gemm_configs(
         64, 64, 64, target="ascend")

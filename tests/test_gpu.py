@@ -139,7 +139,7 @@ def test_gemm_tiles_match_jnp_dot_on_gpu(m, n, k):
     mesh = Mesh(np.array(_gpus()[:1]), ("x",))
     ref = np.asarray(jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
                              precision=jax.lax.Precision.HIGHEST))
-    for config in (tiles.gemm_configs(m, n, k, tma=True, flatten=True)
+    for config in (tiles.gemm_configs(m, n, k, tma=True, tile_kernel=True)
                    + tiles.split_k_configs(m, n, k)):
         f = jax.jit(jax.shard_map(lambda x, y, c=config: gemm.matmul(x, y, c), mesh=mesh,
                                   in_specs=(P(), P()), out_specs=P(), check_vma=False))

@@ -90,6 +90,31 @@ def test_matmul_all_reduce(persistent, ranks):
     assert_close(out, dot32(x, w), jnp.float32)
 
 
+@pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.float32),
+                                         (2, jnp.bfloat16)])
+def test_weights_stored_nk(persistent, ranks, dtype):
+    """``[N, K]`` weights (``w_layout="nk"``): read through their own descriptors
+    (``[BLOCK_N, BLOCK_K]`` blocks transposed for the product) or pointers, in all three
+    ops; every rank's result against the float32 product with the transposed weight."""
+    mesh = mesh_1d(ranks)
+    x, w_nk = rand((ranks * 32, ranks * 32), ranks + 11, dtype), rand((48, ranks * 32), 13,
+                                                                      dtype, 0.2)
+    ref = dot32(x, w_nk.T)
+    ops = {  # op, in_specs, out_spec, the reference as out_spec lays it out
+        "ag": (lambda a, b: jtd.all_gather_matmul(a, b, "x", w_layout="nk"),
+               (P("x"), P()), P("x"), np.tile(np.asarray(ref), (ranks, 1))),
+        "rs": (lambda a, b: jtd.matmul_reduce_scatter(a, b, "x", w_layout="nk"),
+               (P(None, "x"), P(None, "x")), P("x"), ref),
+        "ar": (lambda a, b: jtd.matmul_all_reduce(a, b, "x", w_layout="nk"),
+               (P(None, "x"), P(None, "x")), P(None), ref),
+    }
+    for op, in_specs, out_spec, want in ops.values():
+        f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=in_specs, out_specs=out_spec))
+        for _ in range(2):
+            out = f(put(mesh, x, in_specs[0]), put(mesh, w_nk, in_specs[1]))
+        assert_close(out, want, dtype)
+
+
 def test_programs_that_wait_on_each_other_need_co_resident():
     """A kernel whose program 0 waits for program 1 of the same launch: it completes only
     when its programs run at once (co_resident=True)."""

@@ -127,7 +127,7 @@ def _gemm() -> Case:
         {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16"},
         {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
         dict(config, stride_ak=1, stride_bn=1, stride_cn=1, PERSISTENT=False, USE_TMA=False,
-             FLATTEN=False),
+             FLATTEN=False, TMA_STORE=False),
         Expected(0, 0))
 
 
@@ -171,7 +171,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          "flags_ptr": "i32"},
         {"m": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
-             HAS_BIAS=False, ACTIVATION="none"),
+             HAS_BIAS=False, ACTIVATION="none", W_NK=False),
         # program 0 announces to every peer; a tile of a peer's shard waits once
         Expected(notifies=ranks - 1, waits=1))
     rs = Case(
@@ -181,7 +181,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          "slots_ptr": "bf16", "flags_ptr": "i32"},  # partials in the output's type
         {"seg": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
-             HAS_BIAS=False, ACTIVATION="none"),
+             HAS_BIAS=False, ACTIVATION="none", W_NK=False),
         # a peer segment's tile is pushed once; the own segment's tile waits per rank;
         # keep_tile adds a barrier
         Expected(notifies=1, waits=ranks, barriers=1 + ranks + 1))
@@ -192,7 +192,8 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
         {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "slots_ptr": "bf16",
          "flags_ptr": "i32"},
         {"M": decode_m, "N": n, "K": k, "stride_am": k, "stride_bk": n},
-        dict(_gemm_tiles(decode_m, n, k, 1, persistent), stride_ak=1, stride_bn=1),
+        dict(_gemm_tiles(decode_m, n, k, 1, persistent), stride_ak=1, stride_bn=1,
+             B_NK=False),
         Expected(notifies=ranks - 1, waits=ranks, barriers=(ranks - 1) + ranks + 1))
     return [ag, rs, ar]
 

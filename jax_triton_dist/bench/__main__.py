@@ -15,6 +15,8 @@ import sys
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
+    from jax_triton_dist.bench.single_gpu import LAYOUTS
+
     parser = argparse.ArgumentParser(prog="python -m jax_triton_dist.bench")
     sub = parser.add_subparsers(dest="suite", required=True)
     coll = sub.add_parser("collectives", help="collectives vs jax.lax")
@@ -41,8 +43,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         choices=["launch", "copy", "fused"])
     single.add_argument("--shapes", nargs="+", default=None,
                         help="MxNxK of the fused part (default: the TP8 set)")
-    single.add_argument("--layouts", nargs="+", default=["kn", "nk"], choices=["kn", "nk"],
-                        help="weight layouts of the fused part")
+    single.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS,
+                        help="layouts of the fused part: weight [K, N] (kn) or [N, K] (nk); "
+                             "batched: x [8, M/8, K] gathered/scattered along axis 1")
     single.add_argument("--iters", type=int, default=10)
     single.add_argument("--platform", default=None)
     single.add_argument("--json", default="bench_single_gpu.json", help="output JSON path")

@@ -59,14 +59,15 @@ def matmul(a, b, config: dict[str, Any], axis_name="x"):
 
 
 def describe(config: dict[str, Any]) -> str:
-    """``128x128x64 w8 s3`` (+ `` persistent``)."""
+    """``128x128x64 w8 s3`` (+ `` persistent``, `` TMA``, `` flattened``, `` TMA store``)."""
     text = (f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} "
             f"w{config['num_warps']} s{config['num_stages']}")
     if config.get("SPLIT_K"):
         return text + f" split-K {config['SPLIT_K']}"
     return (text + (" persistent" if config["PERSISTENT"] else "")
             + (" TMA" if config.get("USE_TMA") else "")
-            + (" flattened" if config.get("FLATTEN") else ""))
+            + (" flattened" if config.get("FLATTEN") else "")
+            + (" TMA store" if config.get("TMA_STORE") else ""))
 
 
 def _relative_error(out, ref) -> float:
@@ -90,7 +91,7 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
         xla_time = device_time.kernel_seconds(xla, a, b, calls=iters)
         ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
         timed = []
-        for config in (tiles.gemm_configs(m, n, k, tma=True, flatten=True)
+        for config in (tiles.gemm_configs(m, n, k, tma=True, tile_kernel=True)
                        + tiles.split_k_configs(m, n, k)):
             f = jax.jit(jax.shard_map(lambda x, y, c=config: matmul(x, y, c), mesh=mesh,
                                       in_specs=(P(), P()), out_specs=P(), check_vma=False))

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -152,12 +153,19 @@ def _tuning(mode: str):
     return restore
 
 
-def fused_overhead(device, iters: int, shapes=None, layouts=("kn", "nk")
-                   ) -> list[dict[str, Any]]:
-    """Fused ops at world size 1 against the GEMM tile and XLA's dot, per weight layout
-    (``nk``: the weight stored ``[N, K]``; XLA's dot then contracts its dimension 1), each
-    with the fixed table's tiles (``table``) and autotuned (``tuned``: on GPUs; on CPU the
-    same as the table). Kernel-alone device times (``device_time``), bf16 in and out."""
+# Layouts of the fused part: the weight ``[K, N]`` (``kn``) or stored ``[N, K]`` (``nk``:
+# XLA's dot then contracts its dimension 1); ``batched``: ``x`` as ``[BATCH, M / BATCH, K]``
+# (batch, sequence, model) with the gather / scatter along the sequence axis, ``[K, N]``
+# weight.
+LAYOUTS = ("kn", "nk", "batched")
+BATCH = 8
+
+
+def fused_overhead(device, iters: int, shapes=None, layouts=LAYOUTS) -> list[dict[str, Any]]:
+    """Fused ops at world size 1 against the GEMM tile and XLA's dot, per layout
+    (:data:`LAYOUTS`), each with the fixed table's tiles (``table``) and autotuned
+    (``tuned``: on GPUs; on CPU the same as the table). Kernel-alone device times
+    (``device_time``), bf16 in and out."""
     mesh = Mesh(np.array([device]), ("x",))
     rows = []
     for m, n, k in shapes or FUSED_SHAPES:
@@ -172,24 +180,32 @@ def fused_overhead(device, iters: int, shapes=None, layouts=("kn", "nk")
                                      in_specs=(P(), P()), out_specs=P(), check_vma=False))
         tile_s = device_time.kernel_seconds(tile, a, b, calls=iters).seconds
         for layout in layouts:
-            weight = b if layout == "kn" else put(np.asarray(b, np.float32).T.copy())
-            dims = (((1,), (0,)), ((), ())) if layout == "kn" else (((1,), (1,)), ((), ()))
+            if layout == "batched" and m % BATCH:
+                continue
+            nk = layout == "nk"
+            weight = put(np.asarray(b, np.float32).T.copy()) if nk else b
+            x = a.reshape(BATCH, m // BATCH, k) if layout == "batched" else a
+            dims = (((x.ndim - 1,), (1 if nk else 0,)), ((), ()))
             dot = jax.jit(lambda x, y, d=dims: jax.lax.dot_general(x, y, d))
-            dot_s = device_time.kernel_seconds(dot, a, weight, calls=iters).seconds
+            dot_s = device_time.kernel_seconds(dot, x, weight, calls=iters).seconds
+            axis = ({"all_gather_matmul": {"gather_axis": 1},
+                     "matmul_reduce_scatter": {"scatter_dimension": 1}}
+                    if layout == "batched" else {})
             for name in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
-                op = getattr(jtd, name)
+                op = functools.partial(getattr(jtd, name), w_layout="nk" if nk else "kn",
+                                       **axis.get(name, {}))
                 times = {}
                 for mode in ("off", "gpu"):
                     restore = _tuning(mode)
                     try:
                         f = jax.jit(jax.shard_map(
-                            lambda x, y, op=op, lay=layout: op(x, y, "x", w_layout=lay),
-                            mesh=mesh, in_specs=(P(), P()), out_specs=P(), check_vma=False))
-                        times[mode] = device_time.kernel_seconds(f, a, weight,
+                            lambda x, y, op=op: op(x, y, "x"), mesh=mesh,
+                            in_specs=(P(), P()), out_specs=P(), check_vma=False))
+                        times[mode] = device_time.kernel_seconds(f, x, weight,
                                                                  calls=iters).seconds
                     finally:
                         restore()
-                out = f(a, weight)
+                out = f(x, weight).reshape(m, n)
                 err = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
                             / jnp.linalg.norm(ref))
                 rows.append({"bench": "fused", "op": name, "shape": f"{m}x{n}x{k}",
@@ -202,7 +218,7 @@ def fused_overhead(device, iters: int, shapes=None, layouts=("kn", "nk")
 
 
 def run(iters: int, platform: str | None = None, parts=("launch", "copy", "fused"),
-        shapes=None, layouts=("kn", "nk")) -> dict[str, list[dict[str, Any]]]:
+        shapes=None, layouts=LAYOUTS) -> dict[str, list[dict[str, Any]]]:
     device = jax.devices(platform)[0]
     if device.platform != "gpu" and set(parts) - {"fused"}:
         raise RuntimeError("the launch and copy parts need a GPU (JAX's devices are "

@@ -60,12 +60,13 @@ def partial_dtype(dtype) -> jnp.dtype:
     return jnp.dtype(jnp.float32) if jnp.dtype(dtype) == jnp.float32 else jnp.dtype(dtype)
 
 
-def _tuned(kernel, m: int, n: int, k: int, copies: int, w_nk: bool) -> autotune.Autotuned:
+def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True) -> autotune.Autotuned:
     """``kernel`` with the GEMM configs of ``copies`` ``[m, k] @ [k, n]`` products: the
-    fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; tensor-
-    descriptor forms for ``[K, N]`` weights."""
+    fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; with their
+    tensor-descriptor forms where ``tma`` (weights of either layout: an ``[N, K]`` one is
+    read in ``[BLOCK_N, BLOCK_K]`` blocks and transposed in shared memory)."""
     return autotune.autotune([autotune.Config.from_table(c)
-                              for c in tiles.gemm_configs(m, n, k, copies, tma=not w_nk)])(kernel)
+                              for c in tiles.gemm_configs(m, n, k, copies, tma=tma)])(kernel)
 
 
 def _grid(tiles_of: Callable[[dict], int]) -> Callable[[dict], tuple[int]]:
@@ -87,13 +88,13 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None,
     out_shape = x.shape[:axis] + (size * x.shape[axis],) + x.shape[axis + 1:-1] + (n,)
     epilogue = _epilogue(x, bias, activation)
     return triton_call(
-        _tuned(all_gather_matmul_kernel, m, n, k, size, w_nk), x.reshape(m, k), w,
+        _tuned(all_gather_matmul_kernel, m, n, k, size), x.reshape(m, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
         workspace=[Workspace((2, size), jnp.int32)], symmetric=[0],
         grid=_grid(lambda meta: size * triton.cdiv(m, meta["BLOCK_M"])
                    * triton.cdiv(n, meta["BLOCK_N"])),
         axis_name=axes, axis_index_groups=groups, m=m, N=n, K=k, R=rows,
-        stride_wk=stride_wk, stride_wn=stride_wn, BATCHED=batch > 1, **epilogue,
+        stride_wk=stride_wk, stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk, **epilogue,
     ).reshape(out_shape)
 
 
@@ -113,14 +114,14 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
         return triton.cdiv(seg, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(matmul_reduce_scatter_kernel, seg, n, k, size, w_nk or batch > 1),
+        _tuned(matmul_reduce_scatter_kernel, seg, n, k, size, tma=batch == 1),
         x.reshape(batch * rows, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, seg, n), partial_dtype(x.dtype)),
                                 Workspace((2, size, per_segment(meta)), jnp.int32)],
         grid=_grid(lambda meta: size * per_segment(meta)), axis_name=axes,
         axis_index_groups=groups, seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk,
-        stride_wn=stride_wn, BATCHED=batch > 1, **epilogue,
+        stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk, **epilogue,
     ).reshape(out_shape)
 
 
@@ -136,10 +137,11 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
         return triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(matmul_all_reduce_kernel, m, n, k, 1, w_nk), x.reshape(m, k), w,
+        _tuned(matmul_all_reduce_kernel, m, n, k, 1), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, m, n), partial_dtype(x.dtype)),
                                 Workspace((2, size, num_tiles(meta)), jnp.int32)],
         grid=_grid(num_tiles), axis_name=axes, axis_index_groups=groups,
         M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=stride_wk, stride_bn=stride_wn,
+        B_NK=w_nk,
     ).reshape(lead + (n,))
