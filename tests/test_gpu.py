@@ -147,6 +147,30 @@ def test_gemm_tiles_match_jnp_dot_on_gpu(m, n, k):
         assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-2, gemm.describe(config)
 
 
+@requires_gpu
+def test_kernel_beyond_shared_memory_is_a_clear_error():
+    """A config whose buffers exceed the GPU's shared memory per program (256x256x128 bf16
+    blocks, 4 stages: 512 KiB) fails at load with the bytes it needs and the bytes the GPU
+    allows; one that fits (128x256x64, 3 stages: 144 KiB, above the 48 KiB default) runs."""
+    from jax_triton_dist.bench import gemm
+
+    mesh = Mesh(np.array(_gpus()[:1]), ("x",))
+    a = jnp.ones((512, 512), jnp.bfloat16)
+    for config, fits in [({"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 128, "num_stages": 4},
+                          False),
+                         ({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3},
+                          True)]:
+        config = dict(config, GROUP_M=8, num_warps=8, PERSISTENT=False, USE_TMA=False)
+        f = jax.jit(jax.shard_map(lambda x, y, c=config: gemm.matmul(x, y, c), mesh=mesh,
+                                  in_specs=(P(), P()), out_specs=P(), check_vma=False))
+        if fits:
+            np.testing.assert_allclose(np.asarray(f(a, a), np.float32), 512.0)
+        else:
+            with pytest.raises(Exception, match=r"matmul_kernel needs \d+ bytes of shared "
+                                                r"memory per program; GPU 0 allows \d+"):
+                np.asarray(f(a, a))
+
+
 @triton.jit
 def pull_gather_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     """Every rank pulls every peer's staged ``x`` after a barrier."""

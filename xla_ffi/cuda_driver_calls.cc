@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,20 @@ NB_MODULE(_cuda_driver, m) {
       "load_function",
       [](int device, nb::bytes cubin, const std::string& name, int shared) {
         DeviceScope scope(device);
+        if (shared > 48 * 1024) {  // more than the default: the device's opt-in limit holds
+          CUdevice dev;
+          Check(D().cuDeviceGet(&dev, device), "cuDeviceGet");
+          int limit = 0;
+          Check(D().cuDeviceGetAttribute(
+                    &limit, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+                "cuDeviceGetAttribute");
+          if (shared > limit) {
+            throw std::runtime_error("kernel " + name + " needs " + std::to_string(shared) +
+                                     " bytes of shared memory per program; GPU " +
+                                     std::to_string(device) + " allows " + std::to_string(limit) +
+                                     " (use smaller blocks or fewer num_stages)");
+          }
+        }
         CUmodule module;
         Check(D().cuModuleLoadData(&module, cubin.c_str()), "cuModuleLoadData");
         CUfunction function;
