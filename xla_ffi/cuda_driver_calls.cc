@@ -62,12 +62,17 @@ NB_MODULE(_cuda_driver, m) {
         }
         CUmodule module;
         Check(D().cuModuleLoadData(&module, cubin.c_str()), "cuModuleLoadData");
+        // A failure past this point unloads the module before raising.
+        auto checked = [&](CUresult result, const char* what) {
+          if (result != CUDA_SUCCESS) D().cuModuleUnload(module);
+          Check(result, what);
+        };
         CUfunction function;
-        Check(D().cuModuleGetFunction(&function, module, name.c_str()), "cuModuleGetFunction");
+        checked(D().cuModuleGetFunction(&function, module, name.c_str()), "cuModuleGetFunction");
         if (shared > 48 * 1024) {
-          Check(D().cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                       shared),
-                "cuFuncSetAttribute");
+          checked(D().cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         shared),
+                  "cuFuncSetAttribute");
         }
         return std::make_pair(reinterpret_cast<uintptr_t>(module),
                               reinterpret_cast<uintptr_t>(function));
