@@ -29,8 +29,9 @@ Groups = Sequence[Sequence[int]] | None
 
 W_LAYOUTS = ("kn", "nk")
 """``w_layout`` of the fused ops: ``"kn"`` (``w`` is ``[K, N]``) or ``"nk"`` (``[N, K]``, as a
-``dot_general`` contracting the weight's dimension 1 has it; read through strides, never
-transposed)."""
+``dot_general`` contracting the weight's dimension 1 has it; read in place — through its
+strides or, in the tensor-descriptor configs, as ``[BLOCK_N, BLOCK_K]`` blocks transposed in
+shared memory — never transposed in memory)."""
 
 
 def _check_gemm(x: Any, w: Any, fn: str, w_layout: str = "kn"

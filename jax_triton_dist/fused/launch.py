@@ -3,10 +3,11 @@ primitives, ``primitives.py``).
 
 Every function takes this rank's ``x`` and ``w`` and the primitive's parameters: ``axes``
 (the mesh axes of the team), ``groups`` (``axis_index_groups`` or None), ``size`` (ranks per
-team), ``w_nk`` (``w`` is stored ``[N, K]``: the kernels read it through its strides, no
-transpose is made), ``axis`` (the dimension of ``x`` gathered or scattered; ``x`` is
-``[..., K]`` with any leading dimensions: the dimensions before ``axis`` are batch entries,
-and the kernels read and write each entry's block of rows in place).
+team), ``w_nk`` (``w`` is stored ``[N, K]``: the kernels read it in place, through its
+strides or its own tensor descriptor, no transpose is made), ``axis`` (the dimension of
+``x`` gathered or scattered; ``x`` is ``[..., K]`` with any leading dimensions: the
+dimensions before ``axis`` are batch entries, and the kernels read and write each entry's
+block of rows in place).
 
 Tiles: each call's kernel is autotuned over ``tiles.gemm_configs`` (non-persistent and
 persistent configs); the fixed table's choice comes first, so the CPU backend and runs
