@@ -267,3 +267,47 @@ def test_lower_without_out_uses_jtd_dump_ir(tmp_path, monkeypatch, capsys):
     assert ascend_main.main(["lower", "--kernels", "ring_shift_kernel"]) == 0
     out = seen["cmd"][seen["cmd"].index("--out") + 1]
     assert out == str(tmp_path / "ascend")
+
+
+def test_a_crash_of_the_adapter_tool_is_retried_and_noted():
+    """triton-adapter-opt crashing (a stack dump, or killed by a signal) is retried on the
+    same input and noted; an input the tool rejects fails at once; crashes past the
+    attempts raise."""
+    import subprocess
+
+    def crash(code=-11, stderr="Stack dump:\n#0 0x1 triton-adapter-opt"):
+        return subprocess.CalledProcessError(code, ["triton-adapter-opt"], stderr=stderr)
+
+    outcomes = [crash(), crash(1, "PLEASE submit a bug report ... Stack dump:"), "linalg"]
+
+    def stage():
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    notes = []
+    assert lowering.retry_tool_crashes(stage, "triton-adapter-opt", notes) == "linalg"
+    assert len(notes) == 2 and "attempt 1" in notes[0] and "return code -11" in notes[0]
+
+    rejected = crash(1, "error: failed to legalize operation 'tt.foo'")
+    assert not lowering.tool_crashed(rejected)
+    calls = []
+
+    def rejects():
+        calls.append(1)
+        raise rejected
+
+    with pytest.raises(subprocess.CalledProcessError):
+        lowering.retry_tool_crashes(rejects, "triton-adapter-opt", [])
+    assert len(calls) == 1
+
+    def always_crashes():
+        calls.append(1)
+        raise crash()
+
+    calls.clear()
+    notes = []
+    with pytest.raises(subprocess.CalledProcessError):
+        lowering.retry_tool_crashes(always_crashes, "triton-adapter-opt", notes)
+    assert len(calls) == lowering.TOOL_CRASH_ATTEMPTS and len(notes) == len(calls) - 1

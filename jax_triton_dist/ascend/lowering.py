@@ -48,6 +48,7 @@ class Lowered:
     stage: str = "none"  # the last stage reached: "ttir", "ttadapter" or "hivm"
     error: str = ""
     forms: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)  # e.g. a tool crash retried
 
 
 def bishengir_path() -> str:
@@ -163,6 +164,39 @@ def _run_bishengir(ttadapter: str, arch: str, out_dir: str) -> tuple[list[str], 
     return command, hivm, done.stderr + done.stdout
 
 
+# triton-ascend 3.2's triton-adapter-opt was seen to crash (an LLVM stack dump) once on a
+# TTIR it lowered on every later attempt (matmul_reduce_scatter_persistent, 8 ranks, CI of
+# 2026-12-06): a crash of the tool, not a compile error, is retried; each retry is noted.
+TOOL_CRASH_ATTEMPTS = 3
+
+
+def tool_crashed(error: BaseException) -> bool:
+    """Whether a stage's ``CalledProcessError`` is the tool crashing (killed by a signal or
+    an LLVM stack dump) rather than rejecting its input."""
+    stderr = getattr(error, "stderr", None) or ""
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    return getattr(error, "returncode", 0) < 0 or "Stack dump" in stderr or (
+        "PLEASE submit a bug report" in stderr)
+
+
+def retry_tool_crashes(stage, what: str, notes: list[str]):
+    """``stage()``, run again (up to :data:`TOOL_CRASH_ATTEMPTS` in all) while it fails by
+    :func:`tool_crashed`; each crash is appended to ``notes``. Other errors, and the last
+    crash, are raised."""
+    attempt = 1
+    while True:
+        try:
+            return stage()
+        except Exception as error:  # noqa: BLE001 - only tool crashes are retried
+            if attempt == TOOL_CRASH_ATTEMPTS or not tool_crashed(error):
+                raise
+            notes.append(f"{what} crashed on attempt {attempt} "
+                         f"({type(error).__name__}, return code "
+                         f"{getattr(error, 'returncode', '?')}); retried on the same input")
+            attempt += 1
+
+
 def _write(out_dir: str, name: str, text: str) -> None:
     with open(os.path.join(out_dir, name), "w") as f:
         f.write(text)
@@ -200,7 +234,8 @@ def lower(kernel, signature: dict[str, str], constants: dict[str, Any], *, ranks
     result.ttir, result.stage = ttir, "ttir"
     _write(out_dir, "ttir.mlir", ttir)
     try:
-        linalg = stages["ttadapter"](_Text(ttir), metadata)
+        linalg = retry_tool_crashes(lambda: stages["ttadapter"](_Text(ttir), metadata),
+                                    "triton-adapter-opt", result.notes)
     except Exception as error:  # noqa: BLE001
         result.error = f"ttadapter: {_stage_error(error)}"
         return result
@@ -217,6 +252,7 @@ def lower(kernel, signature: dict[str, str], constants: dict[str, Any], *, ranks
                           side_effect_free_waits=side_effect_free_waits)
             for form in retry.forms.get(error.primitive, {}):
                 retry.forms[error.primitive][form] += f" ({error})"
+            retry.notes[:0] = result.notes
             return retry
     result.ttadapter, result.stage = linalg, "ttadapter"
     _write(out_dir, "ttadapter.mlir", linalg)

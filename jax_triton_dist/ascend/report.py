@@ -23,7 +23,8 @@ def _record(case: catalog.Case, ranks: int, mapping: str, out: str, arch: str,
                              mapping=mapping, out_dir=folder, arch=arch, **options)
     record = {"kernel": case.name, "ranks": ranks, "mapping": mapping, "stage": lowered.stage,
               "binary": BINARY_STAGE, "error": lowered.error, "forms": lowered.forms,
-              "dir": os.path.relpath(folder, out), "command": " ".join(lowered.command)}
+              "dir": os.path.relpath(folder, out), "command": " ".join(lowered.command),
+              "notes": lowered.notes}
     expected = case.expected
     source = {"notifies": expected.notifies, "waits": expected.waits,
               "barriers": expected.barrier_count()}
@@ -116,4 +117,9 @@ def markdown(records: list[dict], command: str) -> str:
         lines += ["", f"## What each primitive became (`{mapping}` mapping)", "",
                   "| primitive | form (why) |", "| --- | --- |"]
         lines += _forms_summary(records, mapping)
+    noted = [r for r in records if r.get("notes")]
+    if noted:  # tool crashes retried (lowering.retry_tool_crashes)
+        lines += ["", "## Notes", ""]
+        lines += [f"* {r['kernel']}, {r['ranks']} ranks, `{r['mapping']}`: " + "; ".join(r["notes"])
+                  for r in noted]
     return "\n".join(lines) + "\n"
