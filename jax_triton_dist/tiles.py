@@ -121,8 +121,8 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     :func:`gemm_tiles`' choice first (with ``num_stages`` 3), then the target's space for
     the problem's size, clamped to the problem, without repeats. Each is a dict of the
     constexprs (``PERSISTENT`` and ``USE_TMA`` among them) and ``num_warps`` /
-    ``num_stages``. ``tma``: the caller's operands allow tensor descriptors (``[K, N]``
-    weights, unit inner strides): each CUDA config also comes in its ``USE_TMA`` form,
+    ``num_stages``. ``tma``: the caller's operands allow tensor descriptors (unit inner
+    strides; weights ``[K, N]`` or ``[N, K]``): each CUDA config also comes in its ``USE_TMA`` form,
     where ``k`` and ``n`` keep rows 16-byte aligned for any element type. ``tile_kernel``:
     the configs of the GEMM tile kernel (``kernels/gemm.py``), whose persistent ``USE_TMA``
     configs also come in forms the fused kernels (tile loops that wait on flags, stores

@@ -98,15 +98,21 @@ def _gemm_job(op: str) -> dict[str, Any]:
                             stride_cm=n, stride_cn=1, **tile, PERSISTENT=True))
 
 
+def _local_rows(op: str, world: int) -> int:
+    """Rows of one rank's GEMM copy: the whole M for GEMM+AR, M / ranks (a shard or a
+    segment) for the others, which make ``world`` such copies in one grid."""
+    m = SHAPES[op][0]
+    return m if op == "matmul_all_reduce" else m // world
+
+
 def _persistent_configs(op: str, world: int) -> list[autotune.Config]:
     """The persistent forms of the op's GEMM configs (``tiles.gemm_configs`` with tensor
     descriptors), without repeats: what the tuned fused op and the tuned GEMM alone both
     choose from."""
-    m, n, k = SHAPES[op]
-    rows = m if op == "matmul_all_reduce" else m // world
+    _, n, k = SHAPES[op]
+    copies = 1 if op == "matmul_all_reduce" else world
     configs = []
-    for config in tiles.gemm_configs(rows, n, k, 1 if op == "matmul_all_reduce" else world,
-                                     tma=True):
+    for config in tiles.gemm_configs(_local_rows(op, world), n, k, copies, tma=True):
         tuned = autotune.Config.from_table(dict(config, PERSISTENT=True))
         if tuned not in configs:
             configs.append(tuned)
@@ -125,15 +131,12 @@ def _autotuned(job: dict[str, Any], op: str, world: int) -> dict[str, Any]:
 def _tuned_job(op: str, world: int) -> dict[str, Any]:
     """:func:`_fused_job`, autotuned (its workspaces sized by the chosen tile)."""
     job = _autotuned(_fused_job(op, world, 0), op, world)
-    m, n, k = SHAPES[op]
-    rows = m if op == "matmul_all_reduce" else m // world
-    tile_count = lambda meta, r: triton.cdiv(r, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])  # noqa: E731
-    if op == "matmul_reduce_scatter":
-        job["workspaces"] = lambda meta: [((2, world, rows, n), PARTIALS),
-                                          ((2, world, tile_count(meta, rows)), np.int32)]
-    elif op == "matmul_all_reduce":
-        job["workspaces"] = lambda meta: [((2, world, m, n), PARTIALS),
-                                          ((2, world, tile_count(meta, m)), np.int32)]
+    if op != "all_gather_matmul":  # partial slots and flags of one rank's rows' tiles
+        rows, n = _local_rows(op, world), SHAPES[op][1]
+        job["workspaces"] = lambda meta: [
+            ((2, world, rows, n), PARTIALS),
+            ((2, world, triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),
+             np.int32)]
     return job
 
 
