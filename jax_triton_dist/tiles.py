@@ -12,6 +12,7 @@ import triton
 
 __all__ = ["TARGETS", "MAX_EXCHANGE_BLOCK", "exchange_block", "exchange_configs", "gemm_tiles",
            "gemm_configs", "gemm_shared_bytes", "fill_programs", "split_k_configs",
+           "stream_k_configs", "gemm_tile_configs",
            "attention_blocks", "attention_configs", "attention_delta_rows",
            "moe_dispatch_blocks", "moe_combine_blocks"]
 
@@ -224,6 +225,35 @@ def split_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[s
     return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
              "num_stages": 3, "SPLIT_K": split} for split in (2, 3, 4)
             if triton.cdiv(k, bk) >= 4 * split]
+
+
+def stream_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:
+    """Stream-K configs of the GEMM tile (``kernels/gemm.py``'s ``matmul_stream_k_kernel``,
+    :func:`fill_programs` programs): each persistent ``USE_TMA`` config of
+    :func:`gemm_configs` (``tma=True``), plain and with ``FLATTEN`` + ``TMA_STORE`` where
+    those fit, marked ``STREAM_K``. None where a config's tiles fill whole waves (its
+    stream-K form would be its persistent form), where rows are not 16-byte aligned, or off
+    CUDA."""
+    _check_target(target)
+    if target != "cuda":
+        return []
+    configs = []
+    for config in gemm_configs(m, n, k, target=target, tma=True, tile_kernel=True):
+        if not (config["USE_TMA"] and config["PERSISTENT"]) or (
+                config.get("FLATTEN", False) != config.get("TMA_STORE", False)):
+            continue
+        tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
+        if tiles % _FILL_PROGRAMS[target]:
+            configs.append(dict(config, STREAM_K=True))
+    return configs
+
+
+def gemm_tile_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:
+    """Every config of the GEMM tile kernels (``kernels/gemm.py``) for ``[m, k] @ [k, n]``
+    with unit inner strides, in the order they are tried: :func:`gemm_configs` (``tma``,
+    ``tile_kernel``), then :func:`split_k_configs`, then :func:`stream_k_configs`."""
+    return (gemm_configs(m, n, k, target=target, tma=True, tile_kernel=True)
+            + split_k_configs(m, n, k, target) + stream_k_configs(m, n, k, target))
 
 
 def moe_dispatch_blocks(rows: int, h: int) -> dict[str, int]:

@@ -39,8 +39,17 @@ def matmul_tile_tma(a_desc, b_desc, row, col, K,
     """``A[row:row + BLOCK_M, :] @ B[:, col:col + BLOCK_N]`` accumulated in float32, A and B
     read through descriptors (A's blocks ``[BLOCK_M, BLOCK_K]``; B's as
     :func:`weight_descriptor` makes them for ``B_NK``)."""
+    return matmul_span_tma(a_desc, b_desc, row, col, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
+
+
+@triton.jit
+def matmul_span_tma(a_desc, b_desc, row, col, k_start, k_end,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    B_NK: tl.constexpr = False):
+    """:func:`matmul_tile_tma` over columns ``k_start, k_start + BLOCK_K, ...`` (below
+    ``k_end``) of A only: a share of the tile's K loop."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in range(k_start, k_end, BLOCK_K):
         b = b_desc.load([col, k]).T if B_NK else b_desc.load([k, col])
         acc = tl.dot(a_desc.load([row, k]), b, acc)
     return acc
@@ -157,26 +166,145 @@ def matmul_kernel(
     tiles_n = tl.cdiv(N, BLOCK_N)
     step = tl.num_programs(0) if PERSISTENT else tiles_m * tiles_n
     if USE_TMA:
-        a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
-        b_desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
-        c_desc = c_ptr
-        if TMA_STORE:
-            c_desc = tile_descriptor(c_ptr, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, step, flatten=FLATTEN):
-            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-            acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
-                                  BLOCK_M, BLOCK_N, BLOCK_K)
-            if TMA_STORE:
-                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
-            else:
-                store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M,
-                           BLOCK_N)
+        a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
+                                              stride_ak, stride_bk, stride_bn, stride_cm,
+                                              stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE)
+        _tma_tiles(a_desc, b_desc, c_desc, c_ptr, tl.program_id(0), step, M, N, K, stride_cm,
+                   stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE)
     else:
         for tile in range(tl.program_id(0), tiles_m * tiles_n, step):
             pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
             acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
                               stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
             store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, TMA_STORE: tl.constexpr):
+    """Tensor descriptors of A, B and (``TMA_STORE``; else C's pointer) C, once per
+    program."""
+    a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
+    b_desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+    c_desc = c_ptr
+    if TMA_STORE:
+        c_desc = tile_descriptor(c_ptr, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    return a_desc, b_desc, c_desc
+
+
+@triton.jit
+def _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr):
+    """A finished float32 tile into C: through C's descriptor (``TMA_STORE``) or
+    :func:`store_tile`."""
+    if TMA_STORE:
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+    else:
+        store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _tma_tiles(a_desc, b_desc, c_desc, c_ptr, first, step, M, N, K, stride_cm, stride_cn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr):
+    """Whole tiles ``first, first + step, ...`` of the grouped order, read through
+    descriptors (``FLATTEN``: the tile and K loops pipelined as one)."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(first, tiles_m * tiles_n, step, flatten=FLATTEN):
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
+                              BLOCK_M, BLOCK_N, BLOCK_K)
+        _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                      BLOCK_M, BLOCK_N, TMA_STORE)
+
+
+@triton.jit
+def matmul_stream_k_kernel(
+    # Pointers
+    a_ptr, b_ptr, c_ptr,
+    partial_ptr,  # workspace float32 [programs, 2, BLOCK_M, BLOCK_N]: shares of tiles
+    counts_ptr,  # workspace int32 [tiles]: K blocks done per tile, growing by blocks per call
+    # Sizes
+    M, N, K,
+    # Strides
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    # Meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
+):
+    """``C = A @ B`` by a persistent grid, A and B through tensor descriptors (hybrid
+    stream-K): the tiles that would form a last, partial wave (``tiles % programs`` of
+    them, the first of the grouped order; all tiles when there are fewer tiles than
+    programs) are cut into their K blocks, and each program takes an equal run of those
+    blocks; then every program takes whole tiles of the rest as :func:`matmul_kernel`'s
+    persistent form does. So no program idles through a last wave.
+
+    A run covers at most two tiles (it is at most one tile's K blocks long). A program
+    whose run holds all of a tile stores it; otherwise it writes its float32 share of the
+    tile to its own slot and adds its K block count to the tile's count; the program
+    that completes the count (``blocks * call``) sums the tile's shares from the slots,
+    in program order (the same sum whichever program completes it), and stores it. No
+    program waits for another."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    blocks = tl.cdiv(K, BLOCK_K)
+    a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
+                                          stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M,
+                                          BLOCK_N, BLOCK_K, TMA_STORE)
+    split_tiles = (tiles_m * tiles_n) % programs
+    share = split_tiles * blocks // programs  # K blocks per program, the first `extra` +1
+    extra = split_tiles * blocks % programs
+    start = _run_start(pid, share, extra)
+    end = _run_start(pid + 1, share, extra)
+    rows = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    block = start
+    while block < end:
+        tile = block // blocks
+        k_first = block - tile * blocks
+        k_last = tl.minimum(blocks, k_first + end - block)
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        acc = matmul_span_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                              k_first * BLOCK_K, k_last * BLOCK_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        if k_first == 0 and k_last == blocks:
+            _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                          BLOCK_M, BLOCK_N, TMA_STORE)
+        else:
+            slot = (2 * pid + (tile != start // blocks)) * BLOCK_M * BLOCK_N
+            tl.store(partial_ptr + slot + rows, acc)
+            tl.debug_barrier()  # every thread's share is written before the count moves
+            done = tl.atomic_add(counts_ptr + tile, k_last - k_first, sem="acq_rel")
+            if done + k_last - k_first == dl.epoch() * blocks:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                first = _run_of(tile * blocks, share, extra)
+                for p in range(first, _run_of(tile * blocks + blocks - 1, share, extra) + 1):
+                    slot = (2 * p + (tile != _run_start(p, share, extra) // blocks))
+                    total += tl.load(partial_ptr + slot * BLOCK_M * BLOCK_N + rows,
+                                     cache_modifier=".cg")
+                _store_output(c_desc, c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                              BLOCK_M, BLOCK_N, TMA_STORE)
+        block += k_last - k_first
+    _tma_tiles(a_desc, b_desc, c_desc, c_ptr, split_tiles + pid, programs, M, N, K, stride_cm,
+               stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE)
+
+
+@triton.jit
+def _run_start(p, share, extra):
+    """First K block of program ``p``'s run (runs of ``share + 1`` blocks, then ``share``)."""
+    return p * share + tl.minimum(p, extra)
+
+
+@triton.jit
+def _run_of(block, share, extra):
+    """The program whose run holds K block ``block`` (the inverse of :func:`_run_start`)."""
+    long_runs = extra * (share + 1)
+    p = block // (share + 1)
+    if block >= long_runs:
+        p = extra + (block - long_runs) // tl.maximum(share, 1)
+    return p
 
 
 @triton.jit

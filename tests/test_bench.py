@@ -34,8 +34,7 @@ def test_gemm_benchmark_times_every_config_on_cpu(tmp_path):
                 "--json", str(path)])
     (row,) = json.loads(path.read_text())["results"]
     assert row["shape"] == "32x48x16" and row["timing"] == "wall"  # no device kernels on CPU
-    space = (tiles.gemm_configs(32, 48, 16, tma=True, tile_kernel=True)
-             + tiles.split_k_configs(32, 48, 16))
+    space = tiles.gemm_tile_configs(32, 48, 16)
     assert any(c.get("FLATTEN") for c in space)
     assert len(row["configs"]) == len(space)
     assert row["best_us"] == min(c["us"] for c in row["configs"])

@@ -8,7 +8,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from jax_triton_dist.bench import gemm
-from jax_triton_dist.kernels.gemm import matmul_kernel
+from jax_triton_dist.kernels.gemm import matmul_kernel, matmul_stream_k_kernel
 from jax_triton_dist.runtime import cuda_compile
 
 
@@ -36,6 +36,66 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
             ours = np.asarray(f(a, b), np.float32)
             assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < tol, config
             a, b = a * 0.5, b * 2.0
+
+
+@pytest.mark.parametrize("m,n,k,programs", [(96, 80, 208, 5), (130, 64, 96, 4),
+                                             (32, 32, 160, 3), (64, 64, 32, 16)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):
+    """Stream-K: runs of K blocks that split tiles between programs (a tile split over two
+    and three programs, runs that end on a tile's edge, programs with empty runs when
+    there are fewer K blocks than programs), then whole tiles; three calls, so the tiles'
+    counts carry over."""
+    rng = np.random.default_rng(m * n + k)
+    a = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    b = jnp.asarray(rng.standard_normal((k, n)), dtype)
+    mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("x",))
+    tol = 1e-5 if dtype == jnp.float32 else 1e-2
+    tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4, "num_warps": 4,
+            "num_stages": 3, "PERSISTENT": True, "USE_TMA": True, "STREAM_K": True}
+    for form in ({}, {"FLATTEN": True, "TMA_STORE": True}):
+        config = dict(tile, **form)
+        f = jax.jit(jax.shard_map(
+            lambda x, y, c=config: gemm.matmul(x, y, c, programs=programs), mesh=mesh,
+            in_specs=(P(), P()), out_specs=P(), check_vma=False))
+        for _ in range(3):
+            ref = np.asarray(jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32)))
+            ours = np.asarray(f(a, b), np.float32)
+            assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < tol, form
+            a, b = a * 0.5, b * 2.0 + 1.0
+
+
+def test_stream_k_configs_where_tiles_leave_a_partial_wave():
+    from jax_triton_dist import tiles
+
+    configs = tiles.stream_k_configs(8192, 8192, 8192)
+    assert configs and all(c["STREAM_K"] and c["PERSISTENT"] and c["USE_TMA"] for c in configs)
+    assert all(c.get("FLATTEN", False) == c.get("TMA_STORE", False) for c in configs)
+    assert all(tiles.gemm_shared_bytes(c) <= 227 * 1024 for c in configs)
+    # 132 tiles of 64x64 fill one wave exactly: no stream-K form of that config
+    assert not any(c["BLOCK_M"] == 64 and c["BLOCK_N"] == 64
+                   for c in tiles.stream_k_configs(64 * 12, 64 * 11, 4096))
+    assert tiles.stream_k_configs(8192, 8192, 8192, target="ascend") == []
+    assert tiles.stream_k_configs(130, 70, 33) == []  # rows not 16-byte aligned: no TMA
+    assert tiles.gemm_tile_configs(128, 1376, 4096) == (
+        tiles.gemm_configs(128, 1376, 4096, tma=True, tile_kernel=True)
+        + tiles.split_k_configs(128, 1376, 4096) + tiles.stream_k_configs(128, 1376, 4096))
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["tiles", "flattened-tma-store"])
+def test_stream_k_compiles_for_sm90(flatten):
+    positional = ([("pointer", np.dtype(jnp.bfloat16))] * 3
+                  + [("pointer", np.dtype(np.float32)), ("pointer", np.dtype(np.int32))])
+    kwargs = {"M": 8192, "N": 8192, "K": 8192, "stride_am": 8192, "stride_ak": 1,
+              "stride_bk": 8192, "stride_bn": 1, "stride_cm": 8192, "stride_cn": 1,
+              "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
+              "FLATTEN": flatten, "TMA_STORE": flatten}
+    signature, constexprs = cuda_compile.signature_of(matmul_stream_k_kernel, positional, kwargs)
+    attrs = cuda_compile.divisibility(signature, positional, kwargs)
+    ptx = cuda_compile.compile_kernel(matmul_stream_k_kernel, signature, constexprs,
+                                      attrs=attrs, num_warps=8, num_stages=3).asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "atom.global.gpu.acq_rel.add" in ptx  # the tiles' counts
 
 
 def test_bf16_matmul_uses_wgmma_on_sm90():

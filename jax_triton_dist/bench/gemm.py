@@ -6,10 +6,11 @@ single jitted calls on the same operands, bf16 in and out), so neither side pays
 dispatch or slicing. Every config of the autotuner's space for the shape
 (``tiles.gemm_configs``: the fixed table's first, then tile shapes and persistent
 variants, each also with tensor descriptors, the persistent ones also flattened;
-``tiles.split_k_configs`` for decode shapes) is timed; the table reports the fixed
+``tiles.split_k_configs`` for decode shapes; ``tiles.stream_k_configs`` where tiles leave
+a partial last wave: ``tiles.gemm_tile_configs``) is timed; the table reports the fixed
 table's config, the best config (what the autotuner would choose: it minimises the same
-kernel time) and XLA. Flattened configs are the tile kernel's alone: the fused ops do not
-have them, so a flattened winner is ahead of what the ops run.
+kernel time) and XLA. Flattened, TMA-store and stream-K configs are the tile kernel's
+alone: the fused ops do not have them, so such a winner is ahead of what the ops run.
 """
 
 from __future__ import annotations
@@ -26,20 +27,39 @@ from jax.sharding import PartitionSpec as P
 import jax_triton_dist as jtd
 from jax_triton_dist import tiles
 from jax_triton_dist.bench import device_time
-from jax_triton_dist.kernels.gemm import matmul_kernel, matmul_split_k_kernel
+from jax_triton_dist.kernels.gemm import (
+    matmul_kernel,
+    matmul_split_k_kernel,
+    matmul_stream_k_kernel,
+)
 
 # (M, N, K): 8192^3, and the per-rank shapes of a TP8 Llama-style MLP, including decode.
 SHAPES = [(8192, 8192, 8192), (8192, 1376, 4096), (8192, 4096, 1376), (8192, 3584, 8192),
           (128, 1376, 4096)]
 
 
-def matmul(a, b, config: dict[str, Any], axis_name="x"):
-    """``a @ b`` with the project's GEMM kernel and one config of ``tiles.gemm_configs``
-    or ``tiles.split_k_configs`` (per rank, inside shard_map)."""
+def matmul(a, b, config: dict[str, Any], axis_name="x", programs: int | None = None):
+    """``a @ b`` with the project's GEMM kernel and one config of ``tiles.gemm_configs``,
+    ``tiles.split_k_configs`` or ``tiles.stream_k_configs`` (per rank, inside shard_map).
+    ``programs``: the grid of a persistent or stream-K config (default
+    ``tiles.fill_programs()``)."""
     config = dict(config)
     warps, stages = config.pop("num_warps"), config.pop("num_stages")
     (m, k), (_, n) = a.shape, b.shape
     tile_count = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
+    programs = programs or tiles.fill_programs()
+    if config.pop("STREAM_K", False):
+        for key in ("PERSISTENT", "USE_TMA"):  # stream-K is always both
+            config.pop(key)
+        return jtd.triton_call(
+            matmul_stream_k_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1,
+            stride_bk=n, stride_bn=1, stride_cm=n, stride_cn=1,
+            out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+            workspace=[jtd.Workspace((programs, 2, config["BLOCK_M"], config["BLOCK_N"]),
+                                     jnp.float32),
+                       jtd.Workspace((tile_count,), jnp.int32)],
+            grid=(programs,), axis_name=axis_name, num_warps=warps, num_stages=stages,
+            **config)
     if "SPLIT_K" in config:
         return jtd.triton_call(
             matmul_split_k_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1,
@@ -49,7 +69,7 @@ def matmul(a, b, config: dict[str, Any], axis_name="x"):
                        jtd.Workspace((tile_count,), jnp.int32)],
             grid=(tile_count * config["SPLIT_K"],), axis_name=axis_name, num_warps=warps,
             num_stages=stages, **config)
-    programs = min(tile_count, tiles.fill_programs()) if config["PERSISTENT"] else tile_count
+    programs = min(tile_count, programs) if config["PERSISTENT"] else tile_count
     return jtd.triton_call(
         matmul_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n,
         stride_bn=1, stride_cm=n, stride_cn=1,
@@ -59,15 +79,18 @@ def matmul(a, b, config: dict[str, Any], axis_name="x"):
 
 
 def describe(config: dict[str, Any]) -> str:
-    """``128x128x64 w8 s3`` (+ `` persistent``, `` TMA``, `` flattened``, `` TMA store``)."""
+    """``128x128x64 w8 s3`` (+ `` persistent``, `` TMA`` or `` stream-K``; `` flattened``,
+    `` TMA store``; or `` split-K n``)."""
     text = (f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} "
             f"w{config['num_warps']} s{config['num_stages']}")
     if config.get("SPLIT_K"):
         return text + f" split-K {config['SPLIT_K']}"
-    return (text + (" persistent" if config["PERSISTENT"] else "")
-            + (" TMA" if config.get("USE_TMA") else "")
-            + (" flattened" if config.get("FLATTEN") else "")
-            + (" TMA store" if config.get("TMA_STORE") else ""))
+    forms = ((" stream-K" if config.get("STREAM_K") else
+              (" persistent" if config["PERSISTENT"] else "")
+              + (" TMA" if config.get("USE_TMA") else ""))
+             + (" flattened" if config.get("FLATTEN") else "")
+             + (" TMA store" if config.get("TMA_STORE") else ""))
+    return text + forms
 
 
 def _relative_error(out, ref) -> float:
@@ -91,8 +114,7 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
         xla_time = device_time.kernel_seconds(xla, a, b, calls=iters)
         ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
         timed = []
-        for config in (tiles.gemm_configs(m, n, k, tma=True, tile_kernel=True)
-                       + tiles.split_k_configs(m, n, k)):
+        for config in tiles.gemm_tile_configs(m, n, k):
             f = jax.jit(jax.shard_map(lambda x, y, c=config: matmul(x, y, c), mesh=mesh,
                                       in_specs=(P(), P()), out_specs=P(), check_vma=False))
             try:
