@@ -43,6 +43,20 @@ def test_gemm_benchmark_times_every_config_on_cpu(tmp_path):
     assert gemm.describe(tiles.gemm_configs(32, 48, 16)[0]) == row["configs"][0]["config"]
 
 
+def test_gemm_benchmark_times_only_chosen_configs(tmp_path):
+    from jax_triton_dist import tiles
+    from jax_triton_dist.bench import gemm
+
+    path = tmp_path / "gemm.json"
+    bench.main(["gemm", "--shapes", "32x48x16", "--iters", "1", "--platform", "cpu",
+                "--only", "stream-K", "split-K 2", "--json", str(path)])
+    (row,) = json.loads(path.read_text())["results"]
+    space = tiles.gemm_tile_configs(32, 48, 16)
+    chosen = [space[0]] + [c for c in space[1:] if c.get("STREAM_K") or c.get("SPLIT_K") == 2]
+    assert any(c.get("STREAM_K") for c in chosen)
+    assert [c["config"] for c in row["configs"]] == [gemm.describe(c) for c in chosen]
+
+
 def test_attention_benchmark_on_cpu(tmp_path, monkeypatch, capsys):
     from jax_triton_dist.bench import attention
 

@@ -33,6 +33,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     gemm.add_argument("--shapes", nargs="+", default=None, help="MxNxK (default: the TP8 set)")
     gemm.add_argument("--iters", type=int, default=5)
     gemm.add_argument("--dtype", default="bfloat16")
+    gemm.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                      help="time only the configs whose description (as the table prints "
+                           "it) contains one of these texts, and the fixed table's config")
     gemm.add_argument("--platform", default=None)
     gemm.add_argument("--json", default="bench_gemm.json", help="output JSON path")
     gemm.add_argument("--plot", default=None, metavar="PNG",
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
                   else gemm.SHAPES)
         device = jax.devices(args.platform)[0]
         print(f"GEMM tiles vs jnp.dot on {device.device_kind} ({device.platform}), {args.dtype}")
-        rows = gemm.run(shapes, args.iters, args.dtype, args.platform)
+        rows = gemm.run(shapes, args.iters, args.dtype, args.platform, only=args.only)
         timing.print_table(rows, gemm.COLUMNS)
         _finish(args, "gemm", rows)
         return

@@ -99,8 +99,10 @@ def _relative_error(out, ref) -> float:
 
 
 def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
-        platform: str | None = None) -> list[dict[str, Any]]:
-    """Times every shape with every config and ``jnp.dot``; one row per shape."""
+        platform: str | None = None, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Times every shape with every config and ``jnp.dot``; one row per shape. ``only``:
+    just the configs whose :func:`describe` contains one of these texts, and the fixed
+    table's (the best is then the best of those)."""
     device = jax.devices(platform)[0]
     mesh = Mesh(np.array([device]), ("x",))
     dt = jnp.dtype(dtype)
@@ -114,7 +116,9 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
         xla_time = device_time.kernel_seconds(xla, a, b, calls=iters)
         ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
         timed = []
-        for config in tiles.gemm_tile_configs(m, n, k):
+        space = tiles.gemm_tile_configs(m, n, k)
+        for config in [c for i, c in enumerate(space)
+                       if i == 0 or not only or any(t in describe(c) for t in only)]:
             f = jax.jit(jax.shard_map(lambda x, y, c=config: matmul(x, y, c), mesh=mesh,
                                       in_specs=(P(), P()), out_specs=P(), check_vma=False))
             try:
