@@ -172,11 +172,23 @@ def matmul_kernel(
         _tma_tiles(a_desc, b_desc, c_desc, c_ptr, tl.program_id(0), step, M, N, K, stride_cm,
                    stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE)
     else:
-        for tile in range(tl.program_id(0), tiles_m * tiles_n, step):
-            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-            acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
-                              stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
-            store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+        _pointer_tiles(a_ptr, b_ptr, c_ptr, tl.program_id(0), step, M, N, K, stride_am,
+                       stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
+                       BLOCK_K, GROUP_M)
+
+
+@triton.jit
+def _pointer_tiles(a_ptr, b_ptr, c_ptr, first, step, M, N, K, stride_am, stride_ak, stride_bk,
+                   stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Whole tiles ``first, first + step, ...`` of the grouped order, through pointers."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(first, tiles_m * tiles_n, step):
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
+                          stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+        store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -233,8 +245,10 @@ def matmul_stream_k_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
+    USE_TMA: tl.constexpr = True,
 ):
-    """``C = A @ B`` by a persistent grid, A and B through tensor descriptors (hybrid
+    """``C = A @ B`` by a persistent grid, A and B through tensor descriptors (or, without
+    ``USE_TMA``, pointers: ``FLATTEN`` and ``TMA_STORE`` need it) (hybrid
     stream-K): the tiles that would form a last, partial wave (``tiles % programs`` of
     them, the first of the grouped order; all tiles when there are fewer tiles than
     programs) are cut into their K blocks, and each program takes an equal run of those
@@ -252,9 +266,11 @@ def matmul_stream_k_kernel(
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     blocks = tl.cdiv(K, BLOCK_K)
-    a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
-                                          stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M,
-                                          BLOCK_N, BLOCK_K, TMA_STORE)
+    a_desc, b_desc, c_desc = a_ptr, b_ptr, c_ptr
+    if USE_TMA:
+        a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
+                                              stride_ak, stride_bk, stride_bn, stride_cm,
+                                              stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE)
     split_tiles = (tiles_m * tiles_n) % programs
     share = split_tiles * blocks // programs  # K blocks per program, the first `extra` +1
     extra = split_tiles * blocks % programs
@@ -267,8 +283,17 @@ def matmul_stream_k_kernel(
         k_first = block - tile * blocks
         k_last = tl.minimum(blocks, k_first + end - block)
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-        acc = matmul_span_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
-                              k_first * BLOCK_K, k_last * BLOCK_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        if USE_TMA:
+            acc = matmul_span_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                                  k_first * BLOCK_K, k_last * BLOCK_K, BLOCK_M, BLOCK_N,
+                                  BLOCK_K)
+        else:  # the split-K kernel's form: pointers moved to the run's first column
+            k_start = k_first * BLOCK_K
+            offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+            acc = _mma(a_ptr + offs_m[:, None] * stride_am + k_start * stride_ak,
+                       b_ptr + k_start * stride_bk, pid_n, N,
+                       tl.minimum(k_last * BLOCK_K, K) - k_start, stride_ak, stride_bk,
+                       stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
         if k_first == 0 and k_last == blocks:
             _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
                           BLOCK_M, BLOCK_N, TMA_STORE)
@@ -287,8 +312,13 @@ def matmul_stream_k_kernel(
                 _store_output(c_desc, c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn,
                               BLOCK_M, BLOCK_N, TMA_STORE)
         block += k_last - k_first
-    _tma_tiles(a_desc, b_desc, c_desc, c_ptr, split_tiles + pid, programs, M, N, K, stride_cm,
-               stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE)
+    if USE_TMA:
+        _tma_tiles(a_desc, b_desc, c_desc, c_ptr, split_tiles + pid, programs, M, N, K,
+                   stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE)
+    else:
+        _pointer_tiles(a_ptr, b_ptr, c_ptr, split_tiles + pid, programs, M, N, K, stride_am,
+                       stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
+                       BLOCK_K, GROUP_M)
 
 
 @triton.jit

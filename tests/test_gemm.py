@@ -42,7 +42,7 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
                                              (32, 32, 160, 3), (64, 64, 32, 16)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):
-    """Stream-K: runs of K blocks that split tiles between programs (a tile split over two
+    """Stream-K (descriptors, and pointers as on Ascend): runs of K blocks that split tiles between programs (a tile split over two
     and three programs, runs that end on a tile's edge, programs with empty runs when
     there are fewer K blocks than programs), then whole tiles; three calls, so the tiles'
     counts carry over."""
@@ -53,7 +53,7 @@ def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):
     tol = 1e-5 if dtype == jnp.float32 else 1e-2
     tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4, "num_warps": 4,
             "num_stages": 3, "PERSISTENT": True, "USE_TMA": True, "STREAM_K": True}
-    for form in ({}, {"FLATTEN": True, "TMA_STORE": True}):
+    for form in ({}, {"FLATTEN": True, "TMA_STORE": True}, {"USE_TMA": False}):
         config = dict(tile, **form)
         f = jax.jit(jax.shard_map(
             lambda x, y, c=config: gemm.matmul(x, y, c, programs=programs), mesh=mesh,

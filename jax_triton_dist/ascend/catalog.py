@@ -144,6 +144,23 @@ def _gemm_split_k() -> Case:
         Expected(0, 0, barriers=1))  # the barrier before a split's count moves
 
 
+def _gemm_stream_k() -> Case:
+    # 256 decode tiles (64x64): 12 whole waves of Ascend's 20 cores and 16 tiles split. At
+    # the large tile (128x128x32) the runs' loop overflows the unified buffer
+    # (bishengir-compile: "ub overflow, requires 2111488 bits while 1572864 bits available")
+    m, n, k = 1024, 1024, 1024
+    config = tiles.gemm_tiles(64, n, k, target="ascend")
+    config.pop("num_warps")
+    return Case(
+        "gemm_stream_k", "jax_triton_dist.kernels.gemm:matmul_stream_k_kernel",
+        {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "partial_ptr": "fp32",
+         "counts_ptr": "i32"},
+        {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
+        dict(config, stride_ak=1, stride_bn=1, stride_cn=1, FLATTEN=False, TMA_STORE=False,
+             USE_TMA=False),
+        Expected(0, 0, barriers=1))  # the barrier before a run's count moves
+
+
 def _gemm_tiles(m: int, n: int, k: int, copies: int,
                persistent: bool = False) -> dict[str, int]:
     """The op's tile on Ascend. Persistent forms (not in Ascend's config space: they are
@@ -267,7 +284,8 @@ def cases(ranks: int) -> list[Case]:
     """Every kernel of ``kernels/`` at ``ranks`` ranks (the fused GEMM kernels also in
     their persistent form), and a kernel making every ``dl`` SHMEM device call
     (``device_calls``)."""
-    return (_push_exchange(ranks) + [_two_shot(ranks), _ring(), _gemm(), _gemm_split_k()]
+    return (_push_exchange(ranks)
+            + [_two_shot(ranks), _ring(), _gemm(), _gemm_split_k(), _gemm_stream_k()]
             + _fused(ranks)
             + _fused(ranks, persistent=True) + _moe(ranks) + _attention(ranks)
             + [_device_calls(ranks)])

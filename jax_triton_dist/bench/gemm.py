@@ -49,8 +49,7 @@ def matmul(a, b, config: dict[str, Any], axis_name="x", programs: int | None = N
     tile_count = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
     programs = programs or tiles.fill_programs()
     if config.pop("STREAM_K", False):
-        for key in ("PERSISTENT", "USE_TMA"):  # stream-K is always both
-            config.pop(key)
+        config.pop("PERSISTENT")  # stream-K is always persistent
         return jtd.triton_call(
             matmul_stream_k_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1,
             stride_bk=n, stride_bn=1, stride_cm=n, stride_cn=1,
