@@ -117,7 +117,8 @@ def fill_programs(target: str = "cuda") -> int:
 
 
 def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
-                 tma: bool = False, tile_kernel: bool = False) -> list[dict[str, int | bool]]:
+                 tma: bool = False, tile_kernel: bool = False,
+                 stream_k: bool = False) -> list[dict[str, int | bool]]:
     """The autotuner's configs for ``copies`` ``[m, k] @ [k, n]`` products in one grid:
     :func:`gemm_tiles`' choice first (with ``num_stages`` 3), then the target's space for
     the problem's size, clamped to the problem, without repeats. Each is a dict of the
@@ -128,8 +129,11 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     the configs of the GEMM tile kernel (``kernels/gemm.py``), whose persistent ``USE_TMA``
     configs also come in forms the fused kernels (tile loops that wait on flags, stores
     that go to peers) lack: ``FLATTEN`` (its tile and K loops pipelined as one) and
-    ``TMA_STORE`` (output tiles stored through a descriptor), each and both. Configs whose
-    2-byte operands overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
+    ``TMA_STORE`` (output tiles stored through a descriptor), each and both. ``stream_k``:
+    each persistent config also comes with ``STREAM_K`` (the tiles of a partial last wave
+    shared out by K blocks: ``kernels/gemm.py``'s ``stream_k_runs``) where its tiles leave
+    a partial last wave of :func:`fill_programs` programs. Configs whose 2-byte operands
+    overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}
     configs = [first]
@@ -149,6 +153,10 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
             configs += [dict(c, FLATTEN=True) for c in persistent]
             configs += [dict(c, TMA_STORE=True, FLATTEN=flat) for flat in (False, True)
                         for c in persistent]
+    if stream_k:
+        configs += [dict(c, STREAM_K=True) for c in configs if c["PERSISTENT"] and (
+            copies * triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])
+            % _FILL_PROGRAMS[target])]
     # bf16 / f16 operands must fit (float32 ones that do not are skipped when tuning)
     configs = [c for c in configs if gemm_shared_bytes(c) <= _SHARED_MEMORY[target]]
     return configs
@@ -228,24 +236,15 @@ def split_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[s
 
 
 def stream_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:
-    """Stream-K configs of the GEMM tile (``kernels/gemm.py``'s ``matmul_stream_k_kernel``,
-    :func:`fill_programs` programs): each persistent ``USE_TMA`` config of
-    :func:`gemm_configs` (``tma=True``), plain and with ``FLATTEN`` + ``TMA_STORE`` where
-    those fit, marked ``STREAM_K``. None where a config's tiles fill whole waves (its
-    stream-K form would be its persistent form), where rows are not 16-byte aligned, or off
-    CUDA."""
-    _check_target(target)
-    if target != "cuda":
-        return []
-    configs = []
-    for config in gemm_configs(m, n, k, target=target, tma=True, tile_kernel=True):
-        if not (config["USE_TMA"] and config["PERSISTENT"]) or (
-                config.get("FLATTEN", False) != config.get("TMA_STORE", False)):
-            continue
-        tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
-        if tiles % _FILL_PROGRAMS[target]:
-            configs.append(dict(config, STREAM_K=True))
-    return configs
+    """Configs of the stream-K GEMM tile (``kernels/gemm.py``'s ``matmul_stream_k_kernel``,
+    :func:`fill_programs` programs): the ``STREAM_K`` forms of :func:`gemm_configs`
+    (``tma=True``, ``tile_kernel=True``) that read through descriptors, plain or with both
+    ``FLATTEN`` and ``TMA_STORE``. None where tiles fill whole waves, where rows are not
+    16-byte aligned, or off CUDA."""
+    return [c for c in gemm_configs(m, n, k, target=target, tma=True, tile_kernel=True,
+                                    stream_k=True)
+            if c.get("STREAM_K") and c["USE_TMA"]
+            and c.get("FLATTEN", False) == c.get("TMA_STORE", False)]
 
 
 def gemm_tile_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:

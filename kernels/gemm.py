@@ -33,21 +33,13 @@ def weight_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K: tl.constexpr,
 
 
 @triton.jit
-def matmul_tile_tma(a_desc, b_desc, row, col, K,
+def matmul_tile_tma(a_desc, b_desc, row, col, k_start, k_end,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     B_NK: tl.constexpr = False):
-    """``A[row:row + BLOCK_M, :] @ B[:, col:col + BLOCK_N]`` accumulated in float32, A and B
-    read through descriptors (A's blocks ``[BLOCK_M, BLOCK_K]``; B's as
-    :func:`weight_descriptor` makes them for ``B_NK``)."""
-    return matmul_span_tma(a_desc, b_desc, row, col, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
-
-
-@triton.jit
-def matmul_span_tma(a_desc, b_desc, row, col, k_start, k_end,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    B_NK: tl.constexpr = False):
-    """:func:`matmul_tile_tma` over columns ``k_start, k_start + BLOCK_K, ...`` (below
-    ``k_end``) of A only: a share of the tile's K loop."""
+    """``A[row:row + BLOCK_M, k_start:k_end] @ B[k_start:k_end, col:col + BLOCK_N]``
+    accumulated in float32 (``k_start`` a multiple of ``BLOCK_K``; ``0, K`` for the whole
+    tile), A and B read through descriptors (A's blocks ``[BLOCK_M, BLOCK_K]``; B's as
+    :func:`weight_descriptor` makes them for ``B_NK``; blocks past K read as zeros)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         b = b_desc.load([col, k]).T if B_NK else b_desc.load([k, col])
@@ -59,22 +51,23 @@ def matmul_span_tma(a_desc, b_desc, row, col, k_start, k_end,
 def matmul_tile(
     a_ptr, b_ptr,  # A [M, K], B [K, N]
     pid_m, pid_n,
-    M, N, K,
+    M, N, k_start, k_end,
     stride_am, stride_ak, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """``A[pid_m tile, :] @ B[:, pid_n tile]`` accumulated in float32, through pointers
-    (rows past ``M`` wrap around: mask them when storing)."""
+    """``A[pid_m tile, k_start:k_end] @ B[k_start:k_end, pid_n tile]`` accumulated in
+    float32 (``0, K`` for the whole tile), through pointers (rows past ``M`` wrap around:
+    mask them when storing)."""
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    return _mma(a_ptr + offs_m[:, None] * stride_am, b_ptr, pid_n, N, K, stride_ak,
-                stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    return _mma(a_ptr + offs_m[:, None] * stride_am, b_ptr, pid_n, N, k_start, k_end,
+                stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def matmul_rows_tile(
     a_ptr, b_ptr,  # A: rows (i // R) * S + i % R of a [*, K] array; B [K, N]
     pid_m, pid_n,
-    M, N, K, R, S,
+    M, N, k_start, k_end, R, S,
     stride_am, stride_ak, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -82,21 +75,22 @@ def matmul_rows_tile(
     each batch of a ``[batch, S, K]`` array)."""
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     rows = (offs_m // R) * S + offs_m % R
-    return _mma(a_ptr + rows[:, None] * stride_am, b_ptr, pid_n, N, K, stride_ak, stride_bk,
-                stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    return _mma(a_ptr + rows[:, None] * stride_am, b_ptr, pid_n, N, k_start, k_end,
+                stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
-def _mma(a_rows, b_ptr, pid_n, N, K, stride_ak, stride_bk, stride_bn,
+def _mma(a_rows, b_ptr, pid_n, N, k_start, k_end, stride_ak, stride_bk, stride_bn,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The K loop of a tile: ``a_rows`` points at the tile's rows of A (first column)."""
+    """The K loop of a tile over columns ``k_start:k_end`` of A: ``a_rows`` points at the
+    tile's rows of A (first column)."""
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_rows + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    a_ptrs = a_rows + (k_start + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + (k_start + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
+    for k in range(0, tl.cdiv(k_end - k_start, BLOCK_K)):
+        k_left = k_end - k_start - k * BLOCK_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc)
@@ -186,7 +180,7 @@ def _pointer_tiles(a_ptr, b_ptr, c_ptr, first, step, M, N, K, stride_am, stride_
     tiles_n = tl.cdiv(N, BLOCK_N)
     for tile in range(first, tiles_m * tiles_n, step):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
+        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am, stride_ak,
                           stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
         store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
@@ -226,7 +220,7 @@ def _tma_tiles(a_desc, b_desc, c_desc, c_ptr, first, step, M, N, K, stride_cm, s
     tiles_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(first, tiles_m * tiles_n, step, flatten=FLATTEN):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-        acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
+        acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
                               BLOCK_M, BLOCK_N, BLOCK_K)
         _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
                       BLOCK_M, BLOCK_N, TMA_STORE)
@@ -237,7 +231,7 @@ def matmul_stream_k_kernel(
     # Pointers
     a_ptr, b_ptr, c_ptr,
     partial_ptr,  # workspace float32 [programs, 2, BLOCK_M, BLOCK_N]: shares of tiles
-    counts_ptr,  # workspace int32 [tiles]: K blocks done per tile, growing by blocks per call
+    counts_ptr,  # workspace int32 [tiles]: K blocks done per tile (zero between calls)
     # Sizes
     M, N, K,
     # Strides
@@ -247,20 +241,15 @@ def matmul_stream_k_kernel(
     GROUP_M: tl.constexpr, FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
     USE_TMA: tl.constexpr = True,
 ):
-    """``C = A @ B`` by a persistent grid, A and B through tensor descriptors (or, without
-    ``USE_TMA``, pointers: ``FLATTEN`` and ``TMA_STORE`` need it) (hybrid
-    stream-K): the tiles that would form a last, partial wave (``tiles % programs`` of
+    """``C = A @ B`` by a persistent grid (hybrid stream-K), A and B through tensor
+    descriptors (or, without ``USE_TMA``, pointers; ``FLATTEN`` and ``TMA_STORE`` need
+    descriptors): the tiles that would form a last, partial wave (``tiles % programs`` of
     them, the first of the grouped order; all tiles when there are fewer tiles than
     programs) are cut into their K blocks, and each program takes an equal run of those
-    blocks; then every program takes whole tiles of the rest as :func:`matmul_kernel`'s
-    persistent form does. So no program idles through a last wave.
-
-    A run covers at most two tiles (it is at most one tile's K blocks long). A program
-    whose run holds all of a tile stores it; otherwise it writes its float32 share of the
-    tile to its own slot and adds its K block count to the tile's count; the program
-    that completes the count (``blocks * call``) sums the tile's shares from the slots,
-    in program order (the same sum whichever program completes it), and stores it. No
-    program waits for another."""
+    blocks (:func:`stream_k_runs`), its shares of tiles merged by :func:`stream_k_merge`;
+    then every program takes whole tiles of the rest as :func:`matmul_kernel`'s persistent
+    form does. So no program idles through a last wave, and none waits for another.
+    """
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -271,46 +260,23 @@ def matmul_stream_k_kernel(
         a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
                                               stride_ak, stride_bk, stride_bn, stride_cm,
                                               stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE)
-    split_tiles = (tiles_m * tiles_n) % programs
-    share = split_tiles * blocks // programs  # K blocks per program, the first `extra` +1
-    extra = split_tiles * blocks % programs
-    start = _run_start(pid, share, extra)
-    end = _run_start(pid + 1, share, extra)
-    rows = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    block = start
+    split_tiles, block, end, share, extra = stream_k_runs(pid, programs, tiles_m * tiles_n,
+                                                         blocks)
     while block < end:
-        tile = block // blocks
-        k_first = block - tile * blocks
-        k_last = tl.minimum(blocks, k_first + end - block)
+        tile, k_first, k_last = stream_k_chunk(block, end, blocks)
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        k_start, k_end = k_columns(k_first, k_last, K, BLOCK_K, True)
         if USE_TMA:
-            acc = matmul_span_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
-                                  k_first * BLOCK_K, k_last * BLOCK_K, BLOCK_M, BLOCK_N,
-                                  BLOCK_K)
-        else:  # the split-K kernel's form: pointers moved to the run's first column
-            k_start = k_first * BLOCK_K
-            offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-            acc = _mma(a_ptr + offs_m[:, None] * stride_am + k_start * stride_ak,
-                       b_ptr + k_start * stride_bk, pid_n, N,
-                       tl.minimum(k_last * BLOCK_K, K) - k_start, stride_ak, stride_bk,
-                       stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
-        if k_first == 0 and k_last == blocks:
+            acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_start,
+                                  k_end, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am,
+                              stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+        complete, acc = stream_k_merge(acc, partial_ptr, counts_ptr, pid, tile, k_first,
+                                       k_last, blocks, share, extra, BLOCK_M, BLOCK_N)
+        if complete:
             _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
                           BLOCK_M, BLOCK_N, TMA_STORE)
-        else:
-            slot = (2 * pid + (tile != start // blocks)) * BLOCK_M * BLOCK_N
-            tl.store(partial_ptr + slot + rows, acc)
-            tl.debug_barrier()  # every thread's share is written before the count moves
-            done = tl.atomic_add(counts_ptr + tile, k_last - k_first, sem="acq_rel")
-            if done + k_last - k_first == dl.epoch() * blocks:
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                first = _run_of(tile * blocks, share, extra)
-                for p in range(first, _run_of(tile * blocks + blocks - 1, share, extra) + 1):
-                    slot = (2 * p + (tile != _run_start(p, share, extra) // blocks))
-                    total += tl.load(partial_ptr + slot * BLOCK_M * BLOCK_N + rows,
-                                     cache_modifier=".cg")
-                _store_output(c_desc, c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                              BLOCK_M, BLOCK_N, TMA_STORE)
         block += k_last - k_first
     if USE_TMA:
         _tma_tiles(a_desc, b_desc, c_desc, c_ptr, split_tiles + pid, programs, M, N, K,
@@ -336,6 +302,74 @@ def _run_of(block, share, extra):
         p = extra + (block - long_runs) // tl.maximum(share, 1)
     return p
 
+
+
+@triton.jit
+def stream_k_runs(pid, programs, tiles, blocks):
+    """Stream-K's split of ``tiles`` output tiles of ``blocks`` K blocks each over
+    ``programs`` programs: ``(split_tiles, start, end, share, extra)``. The first
+    ``split_tiles`` tiles (``tiles % programs``: those of a partial last wave) are cut into
+    K blocks, numbered tile by tile; program ``pid`` takes blocks ``start:end`` (runs of
+    ``share + 1`` blocks for the first ``extra`` programs, then ``share``: at most one
+    tile's blocks, so a run meets at most two tiles). The rest go whole, ``split_tiles +
+    pid``, ``+ programs``, ..."""
+    split_tiles = tiles % programs
+    share = split_tiles * blocks // programs
+    extra = split_tiles * blocks % programs
+    return (split_tiles, _run_start(pid, share, extra), _run_start(pid + 1, share, extra),
+            share, extra)
+
+
+@triton.jit
+def k_columns(k_first, k_last, K, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+    """Columns ``k_start, k_end`` of A read for K blocks ``k_first:k_last`` (``SPLIT``: a
+    stream-K share), else for the whole tile (``0, K``)."""
+    k_start = 0
+    k_end = K
+    if SPLIT:
+        k_start = k_first * BLOCK_K
+        k_end = tl.minimum(k_last * BLOCK_K, K)
+    return k_start, k_end
+
+
+@triton.jit
+def stream_k_chunk(block, end, blocks):
+    """``(tile, k_first, k_last)``: the tile of K block ``block`` and the K blocks
+    ``k_first:k_last`` of it in the run up to ``end``."""
+    tile = block // blocks
+    k_first = block - tile * blocks
+    return tile, k_first, tl.minimum(blocks, k_first + end - block)
+
+
+@triton.jit
+def stream_k_merge(acc, partial_ptr, counts_ptr, pid, tile, k_first, k_last, blocks, share,
+                   extra, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(complete, sum)`` for program ``pid``'s float32 share ``acc`` of ``tile`` (its K
+    blocks ``k_first:k_last``, :func:`stream_k_runs`' split). A share of the whole tile is
+    complete as it is. Else the share goes into the program's slot of ``partial_ptr``
+    (float32 ``[programs, 2, BLOCK_M, BLOCK_N]``: its run's first and second tile) and its
+    block count is added to the tile's count (``counts_ptr``, int32 per tile, zero between
+    calls); the program that completes the count resets it and sums the tile's shares
+    from the slots in program order — the same sum whichever program completes it. No
+    program waits for another."""
+    complete = (k_first == 0) & (k_last == blocks)
+    total = acc
+    if (k_first != 0) | (k_last != blocks):
+        offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        own = 2 * pid + (tile != _run_start(pid, share, extra) // blocks)
+        tl.store(partial_ptr + own * BLOCK_M * BLOCK_N + offsets, acc)
+        tl.debug_barrier()  # every thread's share is written before the count moves
+        done = tl.atomic_add(counts_ptr + tile, k_last - k_first, sem="acq_rel")
+        complete = done + k_last - k_first == blocks
+        if complete:
+            tl.atomic_xchg(counts_ptr + tile, 0, sem="relaxed")  # for the next call
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for p in range(_run_of(tile * blocks, share, extra),
+                           _run_of(tile * blocks + blocks - 1, share, extra) + 1):
+                slot = 2 * p + (tile != _run_start(p, share, extra) // blocks)
+                total += tl.load(partial_ptr + slot * BLOCK_M * BLOCK_N + offsets,
+                                 cache_modifier=".cg")
+    return complete, total
 
 @triton.jit
 def matmul_split_k_kernel(
@@ -366,10 +400,8 @@ def matmul_split_k_kernel(
     k_blocks = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     k_start = split * k_blocks * BLOCK_K
     k_len = tl.minimum(k_blocks * BLOCK_K, K - k_start)
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    acc = _mma(a_ptr + offs_m[:, None] * stride_am + k_start * stride_ak,
-               b_ptr + k_start * stride_bk, pid_n, N, k_len, stride_ak, stride_bk, stride_bn,
-               BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_start + k_len, stride_am,
+                      stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
 
     # ---- add it to the tile's sum; the last split of this call finishes the tile ----
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -6,9 +6,13 @@ import triton.language as tl
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.exchange import epoch_half
 from jax_triton_dist.kernels.gemm import (
+    k_columns,
     matmul_tile,
     matmul_tile_tma,
     store_tile,
+    stream_k_chunk,
+    stream_k_merge,
+    stream_k_runs,
     tile_descriptor,
     weight_descriptor,
 )
@@ -24,6 +28,8 @@ def matmul_all_reduce_kernel(
     c_ptr,  # [M, N] the sum over ranks of A @ B
     slots_ptr,  # symmetric workspace [2, num_ranks, M, N]: every rank's partial tiles
     flags_ptr,  # symmetric workspace int32 [2, num_ranks, num_tiles]
+    partial_ptr,  # STREAM_K: workspace float32 [programs, 2, BLOCK_M, BLOCK_N] (else unused)
+    counts_ptr,  # STREAM_K: workspace int32 [tiles], zero between calls (else unused)
     # Sizes
     M, N, K,
     # Strides
@@ -31,7 +37,7 @@ def matmul_all_reduce_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
-    B_NK: tl.constexpr = False,
+    B_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
 ):
     """Each output tile: this rank's partial is computed, pushed (in the slots' type) to
     every other rank as soon as it is done, then all ranks' partials of that tile are
@@ -39,7 +45,10 @@ def matmul_all_reduce_kernel(
     other tiles; no separate all-reduce pass runs over the output.
 
     One program per tile, or (``PERSISTENT``) fewer programs, all resident at once, each
-    looping over tiles ``program, program + programs, ...``.
+    looping over tiles ``program, program + programs, ...``. ``STREAM_K`` (with
+    ``PERSISTENT``): the tiles that would form a partial last wave (at decode shapes, all
+    of them) are shared out by K blocks first; the program that completes a tile's
+    partial exchanges it.
     """
     me = dl.rank()
     world = dl.num_ranks()
@@ -53,39 +62,73 @@ def matmul_all_reduce_kernel(
     if USE_TMA:
         a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
         b_desc = weight_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N, B_NK)
+    blocks = tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
-        for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
-            _matmul_all_reduce_tile(tile, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags,
-                                    me, world, epoch, M, N, K, stride_am, stride_ak,
-                                    stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                    USE_TMA, B_NK)
+        first = tl.program_id(0)
+        if STREAM_K:
+            split, block, end, share, extra = stream_k_runs(tl.program_id(0),
+                                                            tl.num_programs(0),
+                                                            tiles_m * tiles_n, blocks)
+            while block < end:
+                tile, k_first, k_last = stream_k_chunk(block, end, blocks)
+                _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr,
+                                        b_ptr, a_desc, b_desc, c_ptr, slots, flags,
+                                        partial_ptr, counts_ptr, me, world, epoch, M, N, K,
+                                        stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M,
+                                        BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK, True)
+                block += k_last - k_first
+            first += split
+        for tile in range(first, tiles_m * tiles_n, tl.num_programs(0)):
+            _matmul_all_reduce_tile(tile, 0, blocks, blocks, 0, 0, a_ptr, b_ptr, a_desc,
+                                    b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr, me,
+                                    world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
+                                    stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
+                                    B_NK, False)
     else:
-        _matmul_all_reduce_tile(tl.program_id(0), a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots,
-                                flags, me, world, epoch, M, N, K, stride_am, stride_ak,
-                                stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                USE_TMA, B_NK)
+        _matmul_all_reduce_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, a_ptr, b_ptr,
+                                a_desc, b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr,
+                                me, world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
+                                stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK,
+                                False)
 
 
 @triton.jit
-def _matmul_all_reduce_tile(tile, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
-                            world, epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+def _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr, b_ptr, a_desc,
+                            b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr, me, world,
+                            epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                            USE_TMA: tl.constexpr, B_NK: tl.constexpr):
-    """Output tile number ``tile`` (grouped order)."""
+                            USE_TMA: tl.constexpr, B_NK: tl.constexpr, SPLIT: tl.constexpr):
+    """Output tile number ``tile`` (grouped order); ``SPLIT``: only its K blocks
+    ``k_first:k_last``, a stream-K share (``stream_k_merge``: exchanged once complete)."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = tiles_m * tiles_n
     pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+    k_start, k_end = k_columns(k_first, k_last, K, BLOCK_K, SPLIT)
 
     # ---- this rank's partial tile ----
     if USE_TMA:
-        acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M,
-                              BLOCK_N, BLOCK_K, B_NK)
+        acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_start, k_end,
+                              BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
     else:
-        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
-                          stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am,
+                          stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    if SPLIT:
+        complete, acc = stream_k_merge(acc, partial_ptr, counts_ptr, tl.program_id(0), tile,
+                                       k_first, k_last, blocks, share, extra, BLOCK_M, BLOCK_N)
+        if complete:
+            _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch,
+                               M, N, tiles_m * tiles_n, BLOCK_M, BLOCK_N)
+    else:
+        _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M,
+                           N, tiles_m * tiles_n, BLOCK_M, BLOCK_N)
 
+
+@triton.jit
+def _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M, N,
+                       num_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A finished partial tile: stored (one rank), or kept, forwarded to every peer and
+    summed with theirs."""
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
     else:

@@ -12,11 +12,15 @@ import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.epilogue import apply_epilogue
 from jax_triton_dist.kernels.exchange import epoch_half
 from jax_triton_dist.kernels.gemm import (
+    k_columns,
     matmul_rows_tile,
     matmul_tile,
     matmul_tile_tma,
     store_rows_tile,
     store_tile,
+    stream_k_chunk,
+    stream_k_merge,
+    stream_k_runs,
     tile_descriptor,
     weight_descriptor,
 )
@@ -32,6 +36,8 @@ def all_gather_matmul_kernel(
     bias_ptr,  # [N] added to every row when HAS_BIAS
     c_ptr,  # [num_ranks * m, N] act(all_gather(x) @ w + bias); batched: [m / R, num_ranks * R, N]
     flags_ptr,  # symmetric workspace int32 [2, num_ranks]: "rank s staged its rows"
+    partial_ptr,  # STREAM_K: workspace float32 [programs, 2, BLOCK_M, BLOCK_N] (else unused)
+    counts_ptr,  # STREAM_K: workspace int32 [tiles], zero between calls (else unused)
     # Sizes
     m, N, K,
     R,  # batched: rows of one batch entry per rank (x is [m / R, R, K], gathered along R)
@@ -41,14 +47,18 @@ def all_gather_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
-    USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
     ring, read straight from the peer's symmetric buffer once its flag has landed.
 
     ``PERSISTENT``: a grid of fewer programs than tiles (all resident at once), each
-    looping over tiles ``program, program + programs, ...`` of that order.
+    looping over tiles ``program, program + programs, ...`` of that order. ``STREAM_K``
+    (with ``PERSISTENT``): the first tiles of that order that would form a partial last
+    wave (all of them when there are fewer tiles than programs: decode shapes) are
+    shared out by K blocks first (``kernels/gemm.py``'s ``stream_k_runs``), then the rest
+    go whole.
     """
     me = dl.rank()
     world = dl.num_ranks()
@@ -60,32 +70,52 @@ def all_gather_matmul_kernel(
     w_desc = w_ptr  # USE_TMA: the weights' descriptor, made once per program
     if USE_TMA:
         w_desc = weight_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N, W_NK)
+    blocks = tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
         num_tiles = world * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-            _all_gather_matmul_tile(tile, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags, me,
-                                    world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
-                                    BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
-                                    USE_TMA, W_NK)
+        first = tl.program_id(0)
+        if STREAM_K:
+            split, block, end, share, extra = stream_k_runs(tl.program_id(0),
+                                                            tl.num_programs(0), num_tiles,
+                                                            blocks)
+            while block < end:
+                tile, k_first, k_last = stream_k_chunk(block, end, blocks)
+                _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr,
+                                        w_ptr, w_desc, bias_ptr, c_ptr, flags, partial_ptr,
+                                        counts_ptr, me, world, epoch, m, N, K, R, stride_wk,
+                                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                        BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, True)
+                block += k_last - k_first
+            first += split
+        for tile in range(first, num_tiles, tl.num_programs(0)):
+            _all_gather_matmul_tile(tile, 0, blocks, blocks, 0, 0, x_ptr, w_ptr, w_desc,
+                                    bias_ptr, c_ptr, flags, partial_ptr, counts_ptr, me, world,
+                                    epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
+                                    BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
+                                    W_NK, False)
     else:
-        _all_gather_matmul_tile(tl.program_id(0), x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags,
-                                me, world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
+        _all_gather_matmul_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
+                                w_desc, bias_ptr, c_ptr, flags, partial_ptr, counts_ptr, me,
+                                world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
                                 BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
-                                USE_TMA, W_NK)
+                                USE_TMA, W_NK, False)
 
 
 @triton.jit
-def _all_gather_matmul_tile(tile, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags, me, world,
-                            epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
+def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, w_ptr, w_desc,
+                            bias_ptr, c_ptr, flags, partial_ptr, counts_ptr, me, world, epoch,
+                            m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                            USE_TMA: tl.constexpr, W_NK: tl.constexpr):
-    """Output tile number ``tile`` of the rank-rotated order."""
+                            USE_TMA: tl.constexpr, W_NK: tl.constexpr, SPLIT: tl.constexpr):
+    """Output tile number ``tile`` of the rank-rotated order; ``SPLIT``: only its K blocks
+    ``k_first:k_last``, a stream-K share (``stream_k_merge``: stored once complete)."""
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
                                             GROUP_M, 1)
     local_m = pid_m - shard * tiles_m
+    k_start, k_end = k_columns(k_first, k_last, K, BLOCK_K, SPLIT)
     # The own shard needs no wait, and symm_at maps it to itself: one pointer for every
     # shard (a pointer chosen by a run-time branch defeats Ascend's pointer analysis).
     if shard != me:
@@ -93,11 +123,27 @@ def _all_gather_matmul_tile(tile, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, flags, 
     a_ptr = dl.symm_at(x_ptr, shard)
     if USE_TMA:  # each shard is its own buffer: its descriptor is made per tile
         acc = matmul_tile_tma(tile_descriptor(a_ptr, m, K, K, 1, BLOCK_M, BLOCK_K), w_desc,
-                              local_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                              W_NK)
+                              local_m * BLOCK_M, pid_n * BLOCK_N, k_start, k_end, BLOCK_M,
+                              BLOCK_N, BLOCK_K, W_NK)
     else:
-        acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, K, K, 1, stride_wk, stride_wn,
-                          BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, k_start, k_end, K, 1, stride_wk,
+                          stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+    if SPLIT:
+        complete, acc = stream_k_merge(acc, partial_ptr, counts_ptr, tl.program_id(0), tile,
+                                       k_first, k_last, blocks, share, extra, BLOCK_M, BLOCK_N)
+        if complete:
+            _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R,
+                              BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION)
+    else:
+        _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R, BLOCK_M,
+                          BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION)
+
+
+@triton.jit
+def _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BATCHED: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """The epilogue of a finished tile of shard ``shard``, stored in place."""
     acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
     if BATCHED:  # row (b, i) of the shard goes to row b * num_ranks * R + shard * R + i
         store_rows_tile(c_ptr + shard * R * N, acc, local_m, pid_n, m, N, R, world * R, N,
@@ -115,6 +161,8 @@ def matmul_reduce_scatter_kernel(
     c_ptr,  # [M / num_ranks, N] this rank's segment of act(psum(x @ w) + bias)
     slots_ptr,  # symmetric workspace [2, num_ranks, M / num_ranks, N] (partials' type)
     flags_ptr,  # symmetric workspace int32 [2, num_ranks, tiles per segment]
+    partial_ptr,  # STREAM_K: workspace float32 [programs, 2, BLOCK_M, BLOCK_N] (else unused)
+    counts_ptr,  # STREAM_K: workspace int32 [tiles], zero between calls (else unused)
     # Sizes
     seg, N, K,  # seg = M / num_ranks rows per segment
     R,  # batched: rows of one batch entry per segment (x is [seg / R, num_ranks * R, K])
@@ -124,7 +172,7 @@ def matmul_reduce_scatter_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
-    USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (in the slots' type) into
@@ -134,7 +182,10 @@ def matmul_reduce_scatter_kernel(
 
     ``PERSISTENT``: a grid of fewer programs than tiles (all resident at once), each
     looping over tiles ``program, program + programs, ...`` of that order (each program's
-    pushes all come before its waits).
+    pushes all come before its waits). ``STREAM_K`` (with ``PERSISTENT``): the first tiles
+    of that order that would form a partial last wave are shared out by K blocks first,
+    then the rest go whole (a program's work still runs in the order, so its pushes still
+    come before its waits).
     """
     me = dl.rank()
     world = dl.num_ranks()
@@ -147,46 +198,87 @@ def matmul_reduce_scatter_kernel(
     if USE_TMA:
         x_desc = tile_descriptor(x_ptr, world * seg, K, K, 1, BLOCK_M, BLOCK_K)
         w_desc = weight_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N, W_NK)
+    blocks = tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
-        for tile in range(tl.program_id(0), world * tiles_per_segment, tl.num_programs(0)):
-            _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
-                                        slots, flags, me, world, epoch, seg, N, K, R,
-                                        stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                        GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
-                                        W_NK)
+        first = tl.program_id(0)
+        if STREAM_K:
+            split, block, end, share, extra = stream_k_runs(tl.program_id(0),
+                                                            tl.num_programs(0),
+                                                            world * tiles_per_segment, blocks)
+            while block < end:
+                tile, k_first, k_last = stream_k_chunk(block, end, blocks)
+                _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra,
+                                            x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
+                                            slots, flags, partial_ptr, counts_ptr, me, world,
+                                            epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
+                                            BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
+                                            ACTIVATION, USE_TMA, W_NK, True)
+                block += k_last - k_first
+            first += split
+        for tile in range(first, world * tiles_per_segment, tl.num_programs(0)):
+            _matmul_reduce_scatter_tile(tile, 0, blocks, blocks, 0, 0, x_ptr, w_ptr, x_desc,
+                                        w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
+                                        counts_ptr, me, world, epoch, seg, N, K, R, stride_wk,
+                                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
+                                        HAS_BIAS, ACTIVATION, USE_TMA, W_NK, False)
     else:
-        _matmul_reduce_scatter_tile(tl.program_id(0), x_ptr, w_ptr, x_desc, w_desc, bias_ptr,
-                                    c_ptr, slots, flags, me, world, epoch, seg, N, K, R,
-                                    stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                    BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK)
+        _matmul_reduce_scatter_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
+                                    x_desc, w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
+                                    counts_ptr, me, world, epoch, seg, N, K, R, stride_wk,
+                                    stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
+                                    HAS_BIAS, ACTIVATION, USE_TMA, W_NK, False)
 
 
 @triton.jit
-def _matmul_reduce_scatter_tile(tile, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
-                                flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
-                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, w_ptr,
+                                x_desc, w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
+                                counts_ptr, me, world, epoch, seg, N, K, R, stride_wk,
+                                stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                 BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
                                 ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr,
-                                W_NK: tl.constexpr):
+                                W_NK: tl.constexpr, SPLIT: tl.constexpr):
     """Output tile number ``tile`` of the own-segment-last order (``USE_TMA`` applies to
-    unbatched rows)."""
+    unbatched rows); ``SPLIT``: only its K blocks ``k_first:k_last``, a stream-K share
+    (``stream_k_merge``: pushed or summed once complete)."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n, segment = own_last_tile(tile, tiles_m, tiles_n, me, world, GROUP_M)
     local_m = pid_m - segment * tiles_m
-    local_tile = local_m * tiles_n + pid_n
+    k_start, k_end = k_columns(k_first, k_last, K, BLOCK_K, SPLIT)
 
     if BATCHED:  # segment row (b, i) is row b * num_ranks * R + segment * R + i of x
-        acc = matmul_rows_tile(x_ptr + segment * R * K, w_ptr, local_m, pid_n, seg, N, K, R,
-                               world * R, K, 1, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
-                               BLOCK_K)
+        acc = matmul_rows_tile(x_ptr + segment * R * K, w_ptr, local_m, pid_n, seg, N,
+                               k_start, k_end, R, world * R, K, 1, stride_wk, stride_wn,
+                               BLOCK_M, BLOCK_N, BLOCK_K)
     elif USE_TMA:  # a tile past the segment's end reads the next one's rows: not stored
         acc = matmul_tile_tma(x_desc, w_desc, segment * seg + local_m * BLOCK_M,
-                              pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_NK)
+                              pid_n * BLOCK_N, k_start, k_end, BLOCK_M, BLOCK_N, BLOCK_K,
+                              W_NK)
     else:
-        acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, K, K, 1,
-                          stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, k_start,
+                          k_end, K, 1, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+    if SPLIT:
+        complete, acc = stream_k_merge(acc, partial_ptr, counts_ptr, tl.program_id(0), tile,
+                                       k_first, k_last, blocks, share, extra, BLOCK_M, BLOCK_N)
+        if complete:
+            _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n,
+                                   me, world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M,
+                                   BLOCK_N, HAS_BIAS, ACTIVATION)
+    else:
+        _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
+                               world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
+                               HAS_BIAS, ACTIVATION)
+
+
+@triton.jit
+def _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
+                           world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           ACTIVATION: tl.constexpr):
+    """A finished partial tile of ``segment``: pushed to its owner, or (the own segment)
+    kept and summed with the peers' partials."""
+    local_tile = local_m * tiles_n + pid_n
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
         store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)

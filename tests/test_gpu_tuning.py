@@ -67,20 +67,30 @@ def test_ranks_sharing_the_gpu_tune_together():
     assert all(t is not None and t > 0 for t in kernel.records[0].times)
 
 
-def _persistent(kwargs, programs):
-    return dict(kwargs, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=4, PERSISTENT=True), (programs,)
+def _persistent(kwargs, programs, stream_k=False, tiles=1):
+    """64x64x64 tiles on ``programs`` programs: kwargs, grid and the stream-K workspaces
+    (``stream_k``: the shares' slots and ``tiles`` counts; else unused ones)."""
+    kwargs = dict(kwargs, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=4, PERSISTENT=True,
+                  STREAM_K=stream_k)
+    if stream_k:
+        return kwargs, (programs,), [((programs, 2, 64, 64), np.float32), ((tiles,), np.int32)]
+    return kwargs, (programs,), [((1,), np.float32), ((1,), np.int32)]
 
 
+STREAM_K = pytest.mark.parametrize("stream_k", [False, True], ids=["tiles", "stream-k"])
+
+
+@STREAM_K
 @pytest.mark.parametrize("world", [2, 8])
-def test_persistent_all_gather_matmul(world):
+def test_persistent_all_gather_matmul(world, stream_k):
     m, k, n = 128, 128, 192
     rng = np.random.default_rng(world)
     xs = rng.standard_normal((CALLS, world, m, k)).astype(np.float32)
     w = rng.standard_normal((k, n)).astype(np.float32) / 12
-    kwargs, grid = _persistent({"m": m, "N": n, "K": k, "R": m, "stride_wk": n,
-                                "stride_wn": 1}, 132 // world)
+    kwargs, grid, sk = _persistent({"m": m, "N": n, "K": k, "R": m, "stride_wk": n,
+                                    "stride_wn": 1}, 132 // world, stream_k, world * 2 * 3)
     out = one_gpu.run_ranks(all_gather_matmul_kernel, world, lambda c, r: [xs[c, r], w, w[0]],
-                            [((world * m, n), np.float32)], [((2, world), np.int32)], grid,
+                            [((world * m, n), np.float32)], [((2, world), np.int32), *sk], grid,
                             kwargs, calls=CALLS, symmetric=[0])
     for c in range(CALLS):
         want = xs[c].reshape(world * m, k).astype(np.float64) @ w.astype(np.float64)
@@ -88,20 +98,21 @@ def test_persistent_all_gather_matmul(world):
             assert np.linalg.norm(out[c][r][0] - want) / np.linalg.norm(want) < 5e-3
 
 
+@STREAM_K
 @pytest.mark.parametrize("world", [2, 8])
-def test_persistent_matmul_reduce_scatter(world):
+def test_persistent_matmul_reduce_scatter(world, stream_k):
     seg, k, n = 128, 128, 128
     rng = np.random.default_rng(world + 1)
     xs = rng.standard_normal((CALLS, world, world * seg, k)).astype(np.float32)
     w = rng.standard_normal((world, k, n)).astype(np.float32) / 12
     per_segment = (seg // 64) * (n // 64)
-    kwargs, grid = _persistent({"seg": seg, "N": n, "K": k, "R": seg, "stride_wk": n,
-                                "stride_wn": 1}, 132 // world)
+    kwargs, grid, sk = _persistent({"seg": seg, "N": n, "K": k, "R": seg, "stride_wk": n,
+                                    "stride_wn": 1}, 132 // world, stream_k, world * per_segment)
     out = one_gpu.run_ranks(
         matmul_reduce_scatter_kernel, world, lambda c, r: [xs[c, r], w[r], w[r, 0]],
         [((seg, n), np.float32)],
-        [((2, world, seg, n), np.float32), ((2, world, per_segment), np.int32)], grid, kwargs,
-        calls=CALLS)
+        [((2, world, seg, n), np.float32), ((2, world, per_segment), np.int32), *sk], grid,
+        kwargs, calls=CALLS)
     for c in range(CALLS):
         full = np.einsum("rmk,rkn->mn", xs[c].astype(np.float64), w.astype(np.float64))
         for r in range(world):
@@ -109,18 +120,19 @@ def test_persistent_matmul_reduce_scatter(world):
             assert np.linalg.norm(out[c][r][0] - want) / np.linalg.norm(want) < 5e-3
 
 
+@STREAM_K
 @pytest.mark.parametrize("world", [2, 8])
-def test_persistent_matmul_all_reduce(world):
+def test_persistent_matmul_all_reduce(world, stream_k):
     m, k, n = 64, 256, 256
     rng = np.random.default_rng(world + 2)
     xs = rng.standard_normal((CALLS, world, m, k)).astype(np.float32)
     w = rng.standard_normal((world, k, n)).astype(np.float32) / 16
     tiles = (m // 64) * (n // 64)
-    kwargs, grid = _persistent({"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1,
-                                "stride_bk": n, "stride_bn": 1}, 3)
+    kwargs, grid, sk = _persistent({"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1,
+                                    "stride_bk": n, "stride_bn": 1}, 3, stream_k, tiles)
     out = one_gpu.run_ranks(
         matmul_all_reduce_kernel, world, lambda c, r: [xs[c, r], w[r]], [((m, n), np.float32)],
-        [((2, world, m, n), np.float32), ((2, world, tiles), np.int32)], grid, kwargs,
+        [((2, world, m, n), np.float32), ((2, world, tiles), np.int32), *sk], grid, kwargs,
         calls=CALLS)
     for c in range(CALLS):
         ref = np.einsum("rmk,rkn->mn", xs[c].astype(np.float64), w.astype(np.float64))
@@ -131,13 +143,14 @@ def test_persistent_matmul_all_reduce(world):
 def test_a_persistent_grid_that_does_not_fit_is_refused():
     m, k, n = 64, 64, 64
     x = np.ones((m, k), np.float32)
-    kwargs, grid = _persistent({"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1,
-                                "stride_bk": n, "stride_bn": 1}, 100_000)
+    kwargs, grid, sk = _persistent({"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1,
+                                    "stride_bk": n, "stride_bn": 1}, 100_000)
     with pytest.raises(ValueError, match="co_resident.*do not fit on it at once"):
         one_gpu.run_ranks(jtd.autotune.autotune([jtd.autotune.Config({}, co_resident=True)],
                                                 enabled=False)(matmul_all_reduce_kernel), 2,
                           lambda c, r: [x, x], [((m, n), np.float32)],
-                          [((2, 2, m, n), np.float32), ((2, 2, 1), np.int32)], grid, kwargs)
+                          [((2, 2, m, n), np.float32), ((2, 2, 1), np.int32), *sk], grid,
+                          kwargs)
 
 
 def test_time_ranks_and_kernel_seconds_measure_device_time():

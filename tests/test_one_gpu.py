@@ -107,6 +107,9 @@ def test_putmem_signal_and_barrier(world):
             np.testing.assert_array_equal(out[c][r][0], x[c, (r - 1) % world])
 
 
+# The fused kernels' stream-K workspaces, unused by their other forms
+NO_STREAM_K = [((1,), np.float32), ((1,), np.int32)]
+
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_matmul_all_reduce_kernel(world):
     from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
@@ -118,7 +121,8 @@ def test_matmul_all_reduce_kernel(world):
     tiles = 2 * 2  # BLOCK_M=16 over m=32, BLOCK_N=128 over n=192
     out = one_gpu.run_ranks(
         matmul_all_reduce_kernel, world, lambda c, r: [xs[c, r], w[r]], [((m, n), np.float32)],
-        [((2, world, m, n), np.float32), ((2, world, tiles), np.int32)], grid=(tiles,),
+        [((2, world, m, n), np.float32), ((2, world, tiles), np.int32), *NO_STREAM_K],
+        grid=(tiles,),
         kwargs={"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1, "stride_bk": n,
                 "stride_bn": 1, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
         calls=CALLS)
@@ -140,8 +144,8 @@ def test_matmul_reduce_scatter_kernel(world):
     out = one_gpu.run_ranks(
         matmul_reduce_scatter_kernel, world, lambda c, r: [xs[c, r], w[r], w[r, 0]],
         [((seg, n), np.float32)],
-        [((2, world, seg, n), np.float32), ((2, world, per_segment), np.int32)],
-        grid=(world * per_segment,),
+        [((2, world, seg, n), np.float32), ((2, world, per_segment), np.int32),
+         *NO_STREAM_K], grid=(world * per_segment,),
         kwargs={"seg": seg, "N": n, "K": k, "R": seg, "stride_wk": n, "stride_wn": 1, "BLOCK_M": 32,
                 "BLOCK_N": 128, "BLOCK_K": 64,
                 "GROUP_M": 8}, calls=CALLS)
@@ -163,7 +167,8 @@ def test_all_gather_matmul_kernel_with_symmetric_staging(world):
     tiles = 2  # BLOCK_M=32 over 64 rows, BLOCK_N=128 over 128 columns, per shard
     out = one_gpu.run_ranks(
         all_gather_matmul_kernel, world, lambda c, r: [xs[c, r], w, w[0]],
-        [((world * m, n), np.float32)], [((2, world), np.int32)], grid=(world * tiles,),
+        [((world * m, n), np.float32)], [((2, world), np.int32), *NO_STREAM_K],
+        grid=(world * tiles,),
         kwargs={"m": m, "N": n, "K": k, "R": m, "stride_wk": n, "stride_wn": 1, "BLOCK_M": 32,
                 "BLOCK_N": 128, "BLOCK_K": 64,
                 "GROUP_M": 8}, calls=CALLS, symmetric=[0])

@@ -18,14 +18,22 @@ import jax_triton_dist.language as dl
 from jax_triton_dist import tiles
 
 
-@pytest.fixture(params=[False, True], ids=["pointers", "tma"])
+@pytest.fixture(params=[pytest.param((False, False), id="pointers"),
+                        pytest.param((True, False), id="tma"),
+                        pytest.param((False, True), id="stream-k-pointers",
+                                     marks=pytest.mark.slow),
+                        pytest.param((True, True), id="stream-k-tma")])
 def persistent(monkeypatch, request):
     """The fused ops' only config: persistent, 3 programs per rank, small tiles; loading
-    through pointers, or through tensor descriptors where the op allows them."""
-    def configs(m, n, k, copies=1, target="cuda", tma=False):
-        use_tma = request.param and tma and k % 16 == 0 and n % 16 == 0
+    through pointers, or through tensor descriptors where the op allows them; whole tiles,
+    or (stream-K) the tiles of the partial last wave shared out by K blocks first."""
+    tma_form, stream_k = request.param
+
+    def configs(m, n, k, copies=1, target="cuda", tma=False, **_):
+        use_tma = tma_form and tma and k % 16 == 0 and n % 16 == 0
         return [{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
-                 "num_stages": 3, "PERSISTENT": True, "USE_TMA": use_tma}]
+                 "num_stages": 3, "PERSISTENT": True, "USE_TMA": use_tma,
+                 "STREAM_K": stream_k}]
 
     monkeypatch.setattr(tiles, "gemm_configs", configs)
     monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": 3)

@@ -161,6 +161,10 @@ def _gemm_stream_k() -> Case:
         Expected(0, 0, barriers=1))  # the barrier before a run's count moves
 
 
+# The fused kernels' stream-K workspaces (the shares' slots, the tiles' counts)
+_STREAM_K_WORKSPACES = {"partial_ptr": "fp32", "counts_ptr": "i32"}
+
+
 def _gemm_tiles(m: int, n: int, k: int, copies: int,
                persistent: bool = False) -> dict[str, int]:
     """The op's tile on Ascend. Persistent forms (not in Ascend's config space: they are
@@ -185,20 +189,21 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
         "all_gather_matmul" + suffix,
         "jax_triton_dist.kernels.gemm_collectives:all_gather_matmul_kernel",
         {"x_ptr": "bf16", "w_ptr": "bf16", "bias_ptr": "bf16", "c_ptr": "bf16",
-         "flags_ptr": "i32"},
+         "flags_ptr": "i32", **_STREAM_K_WORKSPACES},
         {"m": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
-             HAS_BIAS=False, ACTIVATION="none", W_NK=False),
+             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False),
         # program 0 announces to every peer; a tile of a peer's shard waits once
         Expected(notifies=ranks - 1, waits=1))
     rs = Case(
         "matmul_reduce_scatter" + suffix,
         "jax_triton_dist.kernels.gemm_collectives:matmul_reduce_scatter_kernel",
         {"x_ptr": "bf16", "w_ptr": "bf16", "bias_ptr": "bf16", "c_ptr": "bf16",
-         "slots_ptr": "bf16", "flags_ptr": "i32"},  # partials in the output's type
+         "slots_ptr": "bf16", "flags_ptr": "i32",  # partials in the output's type
+         **_STREAM_K_WORKSPACES},
         {"seg": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
-             HAS_BIAS=False, ACTIVATION="none", W_NK=False),
+             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False),
         # a peer segment's tile is pushed once; the own segment's tile waits per rank;
         # keep_tile adds a barrier
         Expected(notifies=1, waits=ranks, barriers=1 + ranks + 1))
@@ -207,10 +212,10 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
         "matmul_all_reduce" + suffix,
         "jax_triton_dist.kernels.gemm_allreduce:matmul_all_reduce_kernel",
         {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "slots_ptr": "bf16",
-         "flags_ptr": "i32"},
+         "flags_ptr": "i32", **_STREAM_K_WORKSPACES},
         {"M": decode_m, "N": n, "K": k, "stride_am": k, "stride_bk": n},
         dict(_gemm_tiles(decode_m, n, k, 1, persistent), stride_ak=1, stride_bn=1,
-             B_NK=False),
+             B_NK=False, STREAM_K=False),
         Expected(notifies=ranks - 1, waits=ranks, barriers=(ranks - 1) + ranks + 1))
     return [ag, rs, ar]
 

@@ -45,6 +45,10 @@ DECODE_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}
 WARPS = {"all_gather_matmul": 8, "matmul_reduce_scatter": 8, "matmul_all_reduce": 4}
 
 
+# The fused kernels' stream-K workspaces, unused here: the GEMM alone has no stream-K form,
+# so neither side runs one (like with like)
+NO_STREAM_K = [((1,), np.float32), ((1,), np.int32)]
+
 BF16 = np.dtype(jnp.bfloat16)
 PARTIALS = np.dtype(partial_dtype(jnp.bfloat16))  # what the ops exchange
 
@@ -64,7 +68,8 @@ def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
         rows = m // world
         x, w, bias = _bf16(rng, (rows, k)), _bf16(rng, (k, n), k ** -0.5), _bf16(rng, (1,))
         return dict(kernel=all_gather_matmul_kernel, inputs=lambda c, r: [x, w, bias],
-                    outputs=[((m, n), BF16)], workspaces=[((2, world), np.int32)],
+                    outputs=[((m, n), BF16)],
+                    workspaces=[((2, world), np.int32), *NO_STREAM_K],
                     symmetric=[0], kwargs=dict(m=rows, N=n, K=k, R=rows, stride_wk=n,
                                                stride_wn=1, **common))
     if op == "matmul_reduce_scatter":
@@ -74,14 +79,15 @@ def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
         return dict(kernel=matmul_reduce_scatter_kernel, inputs=lambda c, r: [x, w, bias],
                     outputs=[((seg, n), BF16)],
                     workspaces=[((2, world, seg, n), PARTIALS),
-                                ((2, world, per_segment), np.int32)],
+                                ((2, world, per_segment), np.int32), *NO_STREAM_K],
                     symmetric=[], kwargs=dict(seg=seg, N=n, K=k, R=seg, stride_wk=n,
                                               stride_wn=1, **common))
     x, w = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5)
     num_tiles = triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
     return dict(kernel=matmul_all_reduce_kernel, inputs=lambda c, r: [x, w],
                 outputs=[((m, n), BF16)],
-                workspaces=[((2, world, m, n), PARTIALS), ((2, world, num_tiles), np.int32)],
+                workspaces=[((2, world, m, n), PARTIALS), ((2, world, num_tiles), np.int32),
+                            *NO_STREAM_K],
                 symmetric=[], kwargs=dict(M=m, N=n, K=k, stride_am=k, stride_ak=1,
                                           stride_bk=n, stride_bn=1, **common))
 
@@ -136,7 +142,7 @@ def _tuned_job(op: str, world: int) -> dict[str, Any]:
         job["workspaces"] = lambda meta: [
             ((2, world, rows, n), PARTIALS),
             ((2, world, triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),
-             np.int32)]
+             np.int32), *NO_STREAM_K]
     return job
 
 

@@ -9,9 +9,9 @@ strides or its own tensor descriptor, no transpose is made), ``axis`` (the dimen
 dimensions before ``axis`` are batch entries, and the kernels read and write each entry's
 block of rows in place).
 
-Tiles: each call's kernel is autotuned over ``tiles.gemm_configs`` (non-persistent and
-persistent configs); the fixed table's choice comes first, so the CPU backend and runs
-with tuning off use it.
+Tiles: each call's kernel is autotuned over ``tiles.gemm_configs`` (non-persistent,
+persistent and stream-K configs); the fixed table's choice comes first, so the CPU backend
+and runs with tuning off use it.
 """
 
 from __future__ import annotations
@@ -66,16 +66,28 @@ def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True) -> aut
     fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; with their
     tensor-descriptor forms where ``tma`` (weights of either layout: an ``[N, K]`` one is
     read in ``[BLOCK_N, BLOCK_K]`` blocks and transposed in shared memory)."""
-    return autotune.autotune([autotune.Config.from_table(c)
-                              for c in tiles.gemm_configs(m, n, k, copies, tma=tma)])(kernel)
+    return autotune.autotune([autotune.Config.from_table(c) for c in tiles.gemm_configs(
+        m, n, k, copies, tma=tma, stream_k=True)])(kernel)
 
 
 def _grid(tiles_of: Callable[[dict], int]) -> Callable[[dict], tuple[int]]:
-    """One program per tile, or (persistent configs) at most a device's worth."""
+    """One program per tile, or (persistent configs) at most a device's worth, or
+    (stream-K configs) a device's worth."""
     def grid(meta: dict) -> tuple[int]:
+        if meta.get("STREAM_K"):
+            return (tiles.fill_programs(),)
         count = tiles_of(meta)
         return (min(count, tiles.fill_programs()) if meta["PERSISTENT"] else count,)
     return grid
+
+
+def _stream_k_workspaces(meta: dict, tile_count: int) -> list[Workspace]:
+    """The stream-K shares' slots (float32 ``[programs, 2, BLOCK_M, BLOCK_N]``) and the
+    tiles' block counts (int32); one element each for other configs (unused)."""
+    if not meta.get("STREAM_K"):
+        return [Workspace((1,), jnp.float32), Workspace((1,), jnp.int32)]
+    return [Workspace((tiles.fill_programs(), 2, meta["BLOCK_M"], meta["BLOCK_N"]),
+                      jnp.float32), Workspace((tile_count,), jnp.int32)]
 
 
 def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, axes,
@@ -88,12 +100,16 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None,
     m = batch * rows
     out_shape = x.shape[:axis] + (size * x.shape[axis],) + x.shape[axis + 1:-1] + (n,)
     epilogue = _epilogue(x, bias, activation)
+
+    def num_tiles(meta: dict) -> int:
+        return size * triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+
     return triton_call(
         _tuned(all_gather_matmul_kernel, m, n, k, size), x.reshape(m, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
-        workspace=[Workspace((2, size), jnp.int32)], symmetric=[0],
-        grid=_grid(lambda meta: size * triton.cdiv(m, meta["BLOCK_M"])
-                   * triton.cdiv(n, meta["BLOCK_N"])),
+        workspace=lambda meta: [Workspace((2, size), jnp.int32),
+                                *_stream_k_workspaces(meta, num_tiles(meta))],
+        symmetric=[0], grid=_grid(num_tiles),
         axis_name=axes, axis_index_groups=groups, m=m, N=n, K=k, R=rows,
         stride_wk=stride_wk, stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk, **epilogue,
     ).reshape(out_shape)
@@ -119,7 +135,8 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
         x.reshape(batch * rows, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, seg, n), partial_dtype(x.dtype)),
-                                Workspace((2, size, per_segment(meta)), jnp.int32)],
+                                Workspace((2, size, per_segment(meta)), jnp.int32),
+                                *_stream_k_workspaces(meta, size * per_segment(meta))],
         grid=_grid(lambda meta: size * per_segment(meta)), axis_name=axes,
         axis_index_groups=groups, seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk,
         stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk, **epilogue,
@@ -141,7 +158,8 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
         _tuned(matmul_all_reduce_kernel, m, n, k, 1), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, m, n), partial_dtype(x.dtype)),
-                                Workspace((2, size, num_tiles(meta)), jnp.int32)],
+                                Workspace((2, size, num_tiles(meta)), jnp.int32),
+                                *_stream_k_workspaces(meta, num_tiles(meta))],
         grid=_grid(num_tiles), axis_name=axes, axis_index_groups=groups,
         M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=stride_wk, stride_bn=stride_wn,
         B_NK=w_nk,
