@@ -42,10 +42,10 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
                                              (32, 32, 160, 3), (64, 64, 32, 16)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):
-    """Stream-K (descriptors, and pointers as on Ascend): runs of K blocks that split tiles between programs (a tile split over two
-    and three programs, runs that end on a tile's edge, programs with empty runs when
-    there are fewer K blocks than programs), then whole tiles; three calls, so the tiles'
-    counts carry over."""
+    """Stream-K (descriptors, and pointers as on Ascend): runs of K blocks that split tiles
+    between programs (a tile split over two and three programs, runs that end on a tile's
+    edge, programs with empty runs when there are fewer K blocks than programs), then
+    whole tiles; three calls, so the tiles' counts must be back at zero after each."""
     rng = np.random.default_rng(m * n + k)
     a = jnp.asarray(rng.standard_normal((m, k)), dtype)
     b = jnp.asarray(rng.standard_normal((k, n)), dtype)
