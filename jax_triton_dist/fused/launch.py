@@ -9,9 +9,12 @@ strides or its own tensor descriptor, no transpose is made), ``axis`` (the dimen
 dimensions before ``axis`` are batch entries, and the kernels read and write each entry's
 block of rows in place).
 
-Tiles: each call's kernel is autotuned over ``tiles.gemm_configs`` (non-persistent,
-persistent and stream-K configs); the fixed table's choice comes first, so the CPU backend
-and runs with tuning off use it.
+Tiles: each call's kernel is autotuned over ``tiles.gemm_configs`` (non-persistent and
+persistent configs); the fixed table's choice comes first, so the CPU backend and runs
+with tuning off use it. The kernels' stream-K forms (``STREAM_K``) are not in that space:
+measured on an H100 (BENCHMARKS.md), the stream-K GEMM tile was slower than the persistent
+one at every benchmark shape, so tuning them would only cost time; a space that holds them
+(``tiles.gemm_configs(..., stream_k=True)``) runs them with the workspaces and grid below.
 """
 
 from __future__ import annotations
@@ -61,13 +64,16 @@ def partial_dtype(dtype) -> jnp.dtype:
     return jnp.dtype(jnp.float32) if jnp.dtype(dtype) == jnp.float32 else jnp.dtype(dtype)
 
 
+STREAM_K = False  # whether the ops tune over their kernels' stream-K forms (see above)
+
+
 def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True) -> autotune.Autotuned:
     """``kernel`` with the GEMM configs of ``copies`` ``[m, k] @ [k, n]`` products: the
     fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; with their
     tensor-descriptor forms where ``tma`` (weights of either layout: an ``[N, K]`` one is
     read in ``[BLOCK_N, BLOCK_K]`` blocks and transposed in shared memory)."""
     return autotune.autotune([autotune.Config.from_table(c) for c in tiles.gemm_configs(
-        m, n, k, copies, tma=tma, stream_k=True)])(kernel)
+        m, n, k, copies, tma=tma, stream_k=STREAM_K)])(kernel)
 
 
 def _grid(tiles_of: Callable[[dict], int]) -> Callable[[dict], tuple[int]]:
