@@ -238,13 +238,12 @@ def split_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[s
 def stream_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:
     """Configs of the stream-K GEMM tile (``kernels/gemm.py``'s ``matmul_stream_k_kernel``,
     :func:`fill_programs` programs): the ``STREAM_K`` forms of :func:`gemm_configs`
-    (``tma=True``, ``tile_kernel=True``) that read through descriptors, plain or with both
-    ``FLATTEN`` and ``TMA_STORE``. None where tiles fill whole waves, where rows are not
-    16-byte aligned, or off CUDA."""
+    (``tma=True``, ``tile_kernel=True``): through pointers, through descriptors, and
+    through descriptors with both ``FLATTEN`` and ``TMA_STORE``. None where tiles fill
+    whole waves, or off CUDA."""
     return [c for c in gemm_configs(m, n, k, target=target, tma=True, tile_kernel=True,
                                     stream_k=True)
-            if c.get("STREAM_K") and c["USE_TMA"]
-            and c.get("FLATTEN", False) == c.get("TMA_STORE", False)]
+            if c.get("STREAM_K") and c.get("FLATTEN", False) == c.get("TMA_STORE", False)]
 
 
 def gemm_tile_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:

@@ -272,11 +272,17 @@ def matmul_stream_k_kernel(
         else:
             acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am,
                               stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
-        complete, acc = stream_k_merge(acc, partial_ptr, counts_ptr, pid, tile, k_first,
-                                       k_last, blocks, share, extra, BLOCK_M, BLOCK_N)
-        if complete:
+        if (k_first == 0) & (k_last == blocks):
             _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
                           BLOCK_M, BLOCK_N, TMA_STORE)
+        elif stream_k_share(acc, partial_ptr, counts_ptr, pid, tile, k_first, k_last, blocks,
+                            share, extra, BLOCK_M, BLOCK_N):
+            SUB: tl.constexpr = BLOCK_M // 4
+            for part in range(0, 4):
+                total = stream_k_sum(partial_ptr, tile, blocks, share, extra, part * SUB,
+                                     SUB, BLOCK_M, BLOCK_N)
+                store_tile(c_ptr, total, pid_m * 4 + part, pid_n, M, N, stride_cm, stride_cn,
+                           SUB, BLOCK_N)
         block += k_last - k_first
     if USE_TMA:
         _tma_tiles(a_desc, b_desc, c_desc, c_ptr, split_tiles + pid, programs, M, N, K,
@@ -339,6 +345,40 @@ def stream_k_chunk(block, end, blocks):
     tile = block // blocks
     k_first = block - tile * blocks
     return tile, k_first, tl.minimum(blocks, k_first + end - block)
+
+
+@triton.jit
+def stream_k_share(acc, partial_ptr, counts_ptr, pid, tile, k_first, k_last, blocks, share,
+                   extra, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Writes program ``pid``'s float32 share ``acc`` of ``tile`` (K blocks
+    ``k_first:k_last`` of :func:`stream_k_runs`' split, not the whole tile) into its slot
+    of ``partial_ptr`` (float32 ``[programs, 2, BLOCK_M, BLOCK_N]``: its run's first and
+    second tile) and adds its block count to the tile's count (``counts_ptr``, int32 per
+    tile, zero between calls). True for the program that completes the count: it has
+    reset the count and sums the shares (:func:`stream_k_sum`). No program waits."""
+    offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    own = 2 * pid + (tile != _run_start(pid, share, extra) // blocks)
+    tl.store(partial_ptr + own * BLOCK_M * BLOCK_N + offsets, acc)
+    tl.debug_barrier()  # every thread's share is written before the count moves
+    done = tl.atomic_add(counts_ptr + tile, k_last - k_first, sem="acq_rel")
+    complete = done + k_last - k_first == blocks
+    if complete:
+        tl.atomic_xchg(counts_ptr + tile, 0, sem="relaxed")  # for the next call
+    return complete
+
+
+@triton.jit
+def stream_k_sum(partial_ptr, tile, blocks, share, extra, row, ROWS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows ``row:row + ROWS`` of the float32 sum of ``tile``'s shares, in program order
+    (the same sum whichever program completed the tile)."""
+    offsets = (row + tl.arange(0, ROWS))[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    total = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for p in range(_run_of(tile * blocks, share, extra),
+                   _run_of(tile * blocks + blocks - 1, share, extra) + 1):
+        slot = 2 * p + (tile != _run_start(p, share, extra) // blocks)
+        total += tl.load(partial_ptr + slot * BLOCK_M * BLOCK_N + offsets, cache_modifier=".cg")
+    return total
 
 
 @triton.jit

@@ -84,7 +84,8 @@ def describe(config: dict[str, Any]) -> str:
             f"w{config['num_warps']} s{config['num_stages']}")
     if config.get("SPLIT_K"):
         return text + f" split-K {config['SPLIT_K']}"
-    forms = ((" stream-K" if config.get("STREAM_K") else
+    forms = ((" stream-K" + ("" if config["USE_TMA"] else " pointers")
+              if config.get("STREAM_K") else
               (" persistent" if config["PERSISTENT"] else "")
               + (" TMA" if config.get("USE_TMA") else ""))
              + (" flattened" if config.get("FLATTEN") else "")
