@@ -246,7 +246,8 @@ def matmul_stream_k_kernel(
     descriptors): the tiles that would form a last, partial wave (``tiles % programs`` of
     them, the first of the grouped order; all tiles when there are fewer tiles than
     programs) are cut into their K blocks, and each program takes an equal run of those
-    blocks (:func:`stream_k_runs`), its shares of tiles merged by :func:`stream_k_merge`;
+    blocks (:func:`stream_k_runs`), its shares of tiles merged by :func:`stream_k_share`
+    and :func:`stream_k_sum`;
     then every program takes whole tiles of the rest as :func:`matmul_kernel`'s persistent
     form does. So no program idles through a last wave, and none waits for another.
     """
@@ -380,36 +381,6 @@ def stream_k_sum(partial_ptr, tile, blocks, share, extra, row, ROWS: tl.constexp
         total += tl.load(partial_ptr + slot * BLOCK_M * BLOCK_N + offsets, cache_modifier=".cg")
     return total
 
-
-@triton.jit
-def stream_k_merge(acc, partial_ptr, counts_ptr, pid, tile, k_first, k_last, blocks, share,
-                   extra, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``(complete, sum)`` for program ``pid``'s float32 share ``acc`` of ``tile`` (its K
-    blocks ``k_first:k_last``, :func:`stream_k_runs`' split). A share of the whole tile is
-    complete as it is. Else the share goes into the program's slot of ``partial_ptr``
-    (float32 ``[programs, 2, BLOCK_M, BLOCK_N]``: its run's first and second tile) and its
-    block count is added to the tile's count (``counts_ptr``, int32 per tile, zero between
-    calls); the program that completes the count resets it and sums the tile's shares
-    from the slots in program order — the same sum whichever program completes it. No
-    program waits for another."""
-    complete = (k_first == 0) & (k_last == blocks)
-    total = acc
-    if (k_first != 0) | (k_last != blocks):
-        offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        own = 2 * pid + (tile != _run_start(pid, share, extra) // blocks)
-        tl.store(partial_ptr + own * BLOCK_M * BLOCK_N + offsets, acc)
-        tl.debug_barrier()  # every thread's share is written before the count moves
-        done = tl.atomic_add(counts_ptr + tile, k_last - k_first, sem="acq_rel")
-        complete = done + k_last - k_first == blocks
-        if complete:
-            tl.atomic_xchg(counts_ptr + tile, 0, sem="relaxed")  # for the next call
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for p in range(_run_of(tile * blocks, share, extra),
-                           _run_of(tile * blocks + blocks - 1, share, extra) + 1):
-                slot = 2 * p + (tile != _run_start(p, share, extra) // blocks)
-                total += tl.load(partial_ptr + slot * BLOCK_M * BLOCK_N + offsets,
-                                 cache_modifier=".cg")
-    return complete, total
 
 @triton.jit
 def matmul_split_k_kernel(

@@ -11,8 +11,9 @@ from jax_triton_dist.kernels.gemm import (
     matmul_tile_tma,
     store_tile,
     stream_k_chunk,
-    stream_k_merge,
     stream_k_runs,
+    stream_k_share,
+    stream_k_sum,
     tile_descriptor,
     weight_descriptor,
 )
@@ -100,7 +101,7 @@ def _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr, 
                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                             USE_TMA: tl.constexpr, B_NK: tl.constexpr, SPLIT: tl.constexpr):
     """Output tile number ``tile`` (grouped order); ``SPLIT``: only its K blocks
-    ``k_first:k_last``, a stream-K share (``stream_k_merge``: exchanged once complete)."""
+    ``k_first:k_last``, a stream-K share (exchanged by the program that completes the tile)."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
@@ -113,12 +114,16 @@ def _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr, 
     else:
         acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am,
                           stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
-    if SPLIT:
-        complete, acc = stream_k_merge(acc, partial_ptr, counts_ptr, tl.program_id(0), tile,
-                                       k_first, k_last, blocks, share, extra, BLOCK_M, BLOCK_N)
-        if complete:
-            _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch,
-                               M, N, tiles_m * tiles_n, BLOCK_M, BLOCK_N)
+    if SPLIT:  # a stream-K share: finished by the program that completes the tile
+        if (k_first == 0) & (k_last == blocks):
+            _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M, N,
+                               tiles_m * tiles_n, BLOCK_M, BLOCK_N)
+        elif stream_k_share(acc, partial_ptr, counts_ptr, tl.program_id(0), tile, k_first,
+                            k_last, blocks, share, extra, BLOCK_M, BLOCK_N):
+            total = stream_k_sum(partial_ptr, tile, blocks, share, extra, 0, BLOCK_M, BLOCK_M,
+                                 BLOCK_N)
+            _all_reduce_finish(total, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M,
+                               N, tiles_m * tiles_n, BLOCK_M, BLOCK_N)
     else:
         _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M,
                            N, tiles_m * tiles_n, BLOCK_M, BLOCK_N)

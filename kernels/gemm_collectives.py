@@ -19,8 +19,9 @@ from jax_triton_dist.kernels.gemm import (
     store_rows_tile,
     store_tile,
     stream_k_chunk,
-    stream_k_merge,
     stream_k_runs,
+    stream_k_share,
+    stream_k_sum,
     tile_descriptor,
     weight_descriptor,
 )
@@ -110,7 +111,7 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, 
                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                             USE_TMA: tl.constexpr, W_NK: tl.constexpr, SPLIT: tl.constexpr):
     """Output tile number ``tile`` of the rank-rotated order; ``SPLIT``: only its K blocks
-    ``k_first:k_last``, a stream-K share (``stream_k_merge``: stored once complete)."""
+    ``k_first:k_last``, a stream-K share (finished by the program that completes the tile)."""
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
                                             GROUP_M, 1)
@@ -128,11 +129,15 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, 
     else:
         acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, k_start, k_end, K, 1, stride_wk,
                           stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
-    if SPLIT:
-        complete, acc = stream_k_merge(acc, partial_ptr, counts_ptr, tl.program_id(0), tile,
-                                       k_first, k_last, blocks, share, extra, BLOCK_M, BLOCK_N)
-        if complete:
-            _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R,
+    if SPLIT:  # a stream-K share: finished by the program that completes the tile
+        if (k_first == 0) & (k_last == blocks):
+            _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R, BLOCK_M,
+                              BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION)
+        elif stream_k_share(acc, partial_ptr, counts_ptr, tl.program_id(0), tile, k_first,
+                            k_last, blocks, share, extra, BLOCK_M, BLOCK_N):
+            total = stream_k_sum(partial_ptr, tile, blocks, share, extra, 0, BLOCK_M, BLOCK_M,
+                                 BLOCK_N)
+            _all_gather_store(total, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R,
                               BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION)
     else:
         _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R, BLOCK_M,
@@ -240,7 +245,7 @@ def _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra, x_p
                                 W_NK: tl.constexpr, SPLIT: tl.constexpr):
     """Output tile number ``tile`` of the own-segment-last order (``USE_TMA`` applies to
     unbatched rows); ``SPLIT``: only its K blocks ``k_first:k_last``, a stream-K share
-    (``stream_k_merge``: pushed or summed once complete)."""
+    (pushed or summed by the program that completes the tile)."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n, segment = own_last_tile(tile, tiles_m, tiles_n, me, world, GROUP_M)
@@ -258,13 +263,18 @@ def _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra, x_p
     else:
         acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, k_start,
                           k_end, K, 1, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
-    if SPLIT:
-        complete, acc = stream_k_merge(acc, partial_ptr, counts_ptr, tl.program_id(0), tile,
-                                       k_first, k_last, blocks, share, extra, BLOCK_M, BLOCK_N)
-        if complete:
-            _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n,
-                                   me, world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M,
-                                   BLOCK_N, HAS_BIAS, ACTIVATION)
+    if SPLIT:  # a stream-K share: finished by the program that completes the tile
+        if (k_first == 0) & (k_last == blocks):
+            _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
+                                   world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
+                                   HAS_BIAS, ACTIVATION)
+        elif stream_k_share(acc, partial_ptr, counts_ptr, tl.program_id(0), tile, k_first,
+                            k_last, blocks, share, extra, BLOCK_M, BLOCK_N):
+            total = stream_k_sum(partial_ptr, tile, blocks, share, extra, 0, BLOCK_M, BLOCK_M,
+                                 BLOCK_N)
+            _reduce_scatter_finish(total, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n,
+                                   me, world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
+                                   HAS_BIAS, ACTIVATION)
     else:
         _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
                                world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,

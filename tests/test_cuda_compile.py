@@ -94,6 +94,21 @@ def test_kernel_compiles_for_sm90(name):
     assert "ld.volatile.global" in ptx  # the abort word, read while spinning
 
 
+@pytest.mark.parametrize("name", ["all_gather_matmul", "matmul_reduce_scatter",
+                                  "matmul_all_reduce"])
+@pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
+def test_stream_k_forms_of_fused_kernels_compile_for_sm90(name, use_tma):
+    """The fused kernels' stream-K forms: the shares' K loops and the whole tiles' on the
+    warpgroup MMA, the tiles' counts moved by acquire-release atomics, the op's waits and
+    notifies kept."""
+    kernel, pointers, kwargs = CASES[name]
+    ptx = ptx_of(kernel, pointers,
+                 dict(kwargs, PERSISTENT=True, USE_TMA=use_tma, STREAM_K=True))
+    assert ptx.count("wgmma.mma_async") >= 2
+    assert "atom.global.gpu.acq_rel.add" in ptx
+    assert "ld.global.sys.acquire" in ptx and "atom.global.sys" in ptx
+
+
 def test_fence_lowers_to_ptx_fence():
     ptx = ptx_of(*CASES["shmem_calls"])
     assert "fence.acq_rel.sys" in ptx
