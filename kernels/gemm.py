@@ -3,7 +3,6 @@
 import triton
 import triton.language as tl
 
-import jax_triton_dist.language as dl
 from jax_triton_dist.swizzle import grouped_tile
 
 
@@ -387,7 +386,7 @@ def matmul_split_k_kernel(
     # Pointers
     a_ptr, b_ptr, c_ptr,
     partial_ptr,  # workspace float32 [M, N]: the splits' sum (zero between calls)
-    counts_ptr,  # workspace int32 [tiles]: splits done per tile, growing by SPLIT_K per call
+    counts_ptr,  # workspace int32 [tiles]: splits done per tile (zero between calls)
     # Sizes
     M, N, K,
     # Strides
@@ -399,7 +398,7 @@ def matmul_split_k_kernel(
     """``C = A @ B`` with the K dimension split over ``SPLIT_K`` programs per output tile
     (for few, deep tiles: decode shapes). Each split adds its float32 partial into the
     tile's sum atomically; the split that completes the tile (its count reaches
-    ``SPLIT_K * call``) stores C and zeroes the sum for the next call."""
+    ``SPLIT_K``) stores C and zeroes the sum and the count for the next call."""
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -422,7 +421,8 @@ def matmul_split_k_kernel(
     tl.atomic_add(sums, acc, mask=mask, sem="relaxed")
     tl.debug_barrier()  # every thread's share is added before the count moves
     done = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel") + 1
-    if done == dl.epoch() * SPLIT_K:
+    if done == SPLIT_K:
+        tl.atomic_xchg(counts_ptr + tile, 0, sem="relaxed")  # for the next call
         total = tl.load(sums, mask=mask, other=0.0, cache_modifier=".cg")
         c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
         tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
