@@ -131,34 +131,33 @@ def _gemm() -> Case:
         Expected(0, 0))
 
 
-def _gemm_split_k() -> Case:
-    m, n, k = 128, 1024, 4096  # a decode shape
-    config = tiles.gemm_tiles(m, n, k, target="ascend")
+def _gemm_with_workspaces(name: str, kernel: str, m: int, n: int, k: int, tile_m: int,
+                          constexprs: dict) -> Case:
+    """A GEMM tile kernel with float32 shares and int32 tile counts (split-K, stream-K),
+    at Ascend's table tile for ``tile_m`` rows."""
+    config = tiles.gemm_tiles(tile_m, n, k, target="ascend")
     config.pop("num_warps")
     return Case(
-        "gemm_split_k", "jax_triton_dist.kernels.gemm:matmul_split_k_kernel",
+        name, f"jax_triton_dist.kernels.gemm:{kernel}",
         {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "partial_ptr": "fp32",
          "counts_ptr": "i32"},
         {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
-        dict(config, stride_ak=1, stride_bn=1, stride_cn=1, SPLIT_K=2),
-        Expected(0, 0, barriers=1))  # the barrier before a split's count moves
+        dict(config, stride_ak=1, stride_bn=1, stride_cn=1, **constexprs),
+        Expected(0, 0, barriers=1))  # the barrier before a share's count moves
+
+
+def _gemm_split_k() -> Case:
+    # a decode shape
+    return _gemm_with_workspaces("gemm_split_k", "matmul_split_k_kernel", 128, 1024, 4096,
+                                 128, {"SPLIT_K": 2})
 
 
 def _gemm_stream_k() -> Case:
     # 256 decode tiles (64x64): 12 whole waves of Ascend's 20 cores and 16 tiles split. At
     # the large tile (128x128x32) the runs' loop overflows the unified buffer
     # (bishengir-compile: "ub overflow, requires 2111488 bits while 1572864 bits available")
-    m, n, k = 1024, 1024, 1024
-    config = tiles.gemm_tiles(64, n, k, target="ascend")
-    config.pop("num_warps")
-    return Case(
-        "gemm_stream_k", "jax_triton_dist.kernels.gemm:matmul_stream_k_kernel",
-        {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16", "partial_ptr": "fp32",
-         "counts_ptr": "i32"},
-        {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
-        dict(config, stride_ak=1, stride_bn=1, stride_cn=1, FLATTEN=False, TMA_STORE=False,
-             USE_TMA=False),
-        Expected(0, 0, barriers=1))  # the barrier before a run's count moves
+    return _gemm_with_workspaces("gemm_stream_k", "matmul_stream_k_kernel", 1024, 1024, 1024,
+                                 64, {"FLATTEN": False, "TMA_STORE": False, "USE_TMA": False})
 
 
 # The fused kernels' stream-K workspaces (the shares' slots, the tiles' counts)
