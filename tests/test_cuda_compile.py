@@ -96,7 +96,8 @@ def test_kernel_compiles_for_sm90(name):
 
 @pytest.mark.parametrize("name", ["all_gather_matmul", "matmul_reduce_scatter",
                                   "matmul_all_reduce"])
-@pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("use_tma", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["pointers", "tma"])
 def test_stream_k_forms_of_fused_kernels_compile_for_sm90(name, use_tma):
     """The fused kernels' stream-K forms: the shares' K loops and the whole tiles' on the
     warpgroup MMA, the tiles' counts moved by acquire-release atomics, the op's waits and

@@ -40,7 +40,8 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
 
 @pytest.mark.parametrize("m,n,k,programs", [(96, 80, 208, 5), (130, 64, 96, 4),
                                              (32, 32, 160, 3), (64, 64, 32, 16)])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32,
+                                   pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
 def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):
     """Stream-K (descriptors, and pointers as on Ascend): runs of K blocks that split tiles
     between programs (a tile split over two and three programs, runs that end on a tile's
