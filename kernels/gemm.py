@@ -309,7 +309,6 @@ def _run_of(block, share, extra):
     return p
 
 
-
 @triton.jit
 def stream_k_runs(pid, programs, tiles, blocks):
     """Stream-K's split of ``tiles`` output tiles of ``blocks`` K blocks each over

@@ -48,33 +48,24 @@ def matmul(a, b, config: dict[str, Any], axis_name="x", programs: int | None = N
     (m, k), (_, n) = a.shape, b.shape
     tile_count = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
     programs = programs or tiles.fill_programs()
+    workspace, co_resident = [], False
     if config.pop("STREAM_K", False):
         config.pop("PERSISTENT")  # stream-K is always persistent
-        return jtd.triton_call(
-            matmul_stream_k_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1,
-            stride_bk=n, stride_bn=1, stride_cm=n, stride_cn=1,
-            out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
-            workspace=[jtd.Workspace((programs, 2, config["BLOCK_M"], config["BLOCK_N"]),
-                                     jnp.float32),
-                       jtd.Workspace((tile_count,), jnp.int32)],
-            grid=(programs,), axis_name=axis_name, num_warps=warps, num_stages=stages,
-            **config)
-    if "SPLIT_K" in config:
-        return jtd.triton_call(
-            matmul_split_k_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1,
-            stride_bk=n, stride_bn=1, stride_cm=n, stride_cn=1,
-            out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
-            workspace=[jtd.Workspace((m, n), jnp.float32),
-                       jtd.Workspace((tile_count,), jnp.int32)],
-            grid=(tile_count * config["SPLIT_K"],), axis_name=axis_name, num_warps=warps,
-            num_stages=stages, **config)
-    programs = min(tile_count, programs) if config["PERSISTENT"] else tile_count
+        kernel, grid = matmul_stream_k_kernel, programs
+        workspace = [jtd.Workspace((programs, 2, config["BLOCK_M"], config["BLOCK_N"]),
+                                   jnp.float32), jtd.Workspace((tile_count,), jnp.int32)]
+    elif "SPLIT_K" in config:
+        kernel, grid = matmul_split_k_kernel, tile_count * config["SPLIT_K"]
+        workspace = [jtd.Workspace((m, n), jnp.float32),
+                     jtd.Workspace((tile_count,), jnp.int32)]
+    else:
+        co_resident = bool(config["PERSISTENT"])
+        kernel, grid = matmul_kernel, min(tile_count, programs) if co_resident else tile_count
     return jtd.triton_call(
-        matmul_kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n,
-        stride_bn=1, stride_cm=n, stride_cn=1,
-        out_shape=jax.ShapeDtypeStruct((m, n), a.dtype), grid=(programs,),
-        axis_name=axis_name, num_warps=warps, num_stages=stages,
-        co_resident=bool(config["PERSISTENT"]), **config)
+        kernel, a, b, M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=n, stride_bn=1,
+        stride_cm=n, stride_cn=1, out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+        workspace=workspace, grid=(grid,), axis_name=axis_name, num_warps=warps,
+        num_stages=stages, co_resident=co_resident, **config)
 
 
 def describe(config: dict[str, Any]) -> str:
