@@ -150,11 +150,20 @@ EXIT_SCRIPT = """
     from jax.sharding import NamedSharding, PartitionSpec as P
     import jax_triton_dist as jtd
 
-    mode, op = sys.argv[1], sys.argv[2]
+    mode, op, start = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    def before(v):  # "late": the reduction starts a few seconds after the dispatch
+        if start == "now":
+            return v
+        m = jnp.full((1000, 1000), 1e-3) * v[0]
+        for _ in range(4):
+            m = jnp.tanh(m @ m)
+        return v + m[0, 0]
+
     mesh = jax.make_mesh((4,), ("x",))
     x = jax.device_put(jnp.arange(4 * 1024.0), NamedSharding(mesh, P("x")))
-    reduce = (lambda v: jtd.all_reduce(v, "x")) if op == "jtd" else (
-        lambda v: jax.lax.psum(v, "x"))
+    reduce = (lambda v: jtd.all_reduce(before(v), "x")) if op == "jtd" else (
+        lambda v: jax.lax.psum(before(v), "x"))
     f = jax.jit(jax.shard_map(reduce, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     y = f(x)  # dispatched; nobody waits for it
     if mode == "raise":
@@ -168,16 +177,18 @@ EXIT_SCRIPT = """
 
 @pytest.mark.parametrize("mode", ["last", "raise", "exit3", "interrupt"])
 def test_exits_with_an_op_in_flight_return_their_own_status(mode):
-    reference = _run_script(EXIT_SCRIPT, mode, "lax")
-    # Three runs at a time, twice: the abort this guards against was a race.
+    reference = _run_script(EXIT_SCRIPT, mode, "lax", "now")
+    # Three runs at a time, twice: the abort this guards against was a race. The last two
+    # reach the custom call only while Python exits (the dispatch finds the exit begun).
+    starts = ["now"] * 4 + ["late"] * 2
     start = time.monotonic()
     with ThreadPoolExecutor(3) as pool:
-        runs = list(pool.map(lambda _: _run_script(EXIT_SCRIPT, mode, "jtd"), range(6)))
+        runs = list(pool.map(lambda when: _run_script(EXIT_SCRIPT, mode, "jtd", when), starts))
     assert time.monotonic() - start < 120  # no exit waits out a 60 s timeout
-    for done in runs:
-        assert done.returncode == reference.returncode, done.stderr[-3000:]
+    for when, done in zip(starts, runs):
+        assert done.returncode == reference.returncode, (when, done.stderr[-3000:])
         for fatal in ("terminate called", "Fatal Python error", "Segmentation fault"):
-            assert fatal not in done.stderr, done.stderr[-3000:]
+            assert fatal not in done.stderr, (when, done.stderr[-3000:])
         if mode == "raise":
             assert "the user's error after the dispatch" in done.stderr
 

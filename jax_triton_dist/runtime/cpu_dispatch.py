@@ -4,12 +4,12 @@
 XLA thread of each CPU device. Every load and store of the kernel is checked against
 the launch's buffers (``language/bounds.py``). A rank that fails raises its team's
 abort word to its epoch, so that its peers stop waiting for it at once; at interpreter
-exit, dispatches are drained before Python finalises (``_close_at_exit``).
+exit, dispatches are drained before Python finalises (``close_at_exit``, registered
+with the FFI target, before any dispatch can start).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import inspect
@@ -39,14 +39,13 @@ from jax_triton_dist.runtime import (
 )
 from jax_triton_dist.shmem import heap, host_atomics, settings
 
-__all__ = ["dispatch", "EXIT_GRACE_S"]
+__all__ = ["dispatch", "close_at_exit", "EXIT_GRACE_S"]
 
 EXIT_GRACE_S = 5.0
 """Seconds running dispatches get to finish at interpreter exit before their waits are
 cancelled."""
 
 _init_lock = threading.Lock()
-_exit_hook = threading.Event()  # set once _close_at_exit is registered
 
 
 def _ensure_shmem(device_ordinal: int) -> None:
@@ -58,9 +57,6 @@ def _ensure_shmem(device_ordinal: int) -> None:
                     f"{settings.BACKEND_ENV}={env!r}, but a CPU device runs a distributed "
                     "kernel, which needs the 'host' backend: unset the variable or set host")
             shmem.init(backend="host")
-        if not _exit_hook.is_set():
-            atexit.register(_close_at_exit)
-            _exit_hook.set()
     if heap.running_backend() != "host":
         raise shmem.ShmemError(
             f"SHMEM runs the {heap.running_backend()!r} backend, but a CPU device runs a "
@@ -72,9 +68,16 @@ def _ensure_shmem(device_ordinal: int) -> None:
             "(or let the runtime initialise SHMEM)")
 
 
-def _close_at_exit() -> None:
-    """Lets running dispatches finish (or abandons their waits), so that no device thread
-    is in Python when it finalises."""
+def close_at_exit() -> None:
+    """Interpreter exit: lets running dispatches finish (or abandons their waits), turns
+    away later ones, and waits for the computations around them, so that no device
+    thread is in Python, or enters it, when it finalises.
+
+    Registered (``atexit``) with the FFI target, before any dispatch can start: a
+    program dispatched just before the exit may reach its custom call only while Python
+    finalises, and its dispatch must find the door closed then (registered by the first
+    dispatch, the hook came too late for such a program, whose thread then entered a
+    finalising Python and aborted the process)."""
     interrupted = _exiting_on_keyboard_interrupt()
     if _ffi.close(EXIT_GRACE_S):
         host_atomics.cancel_waits("the interpreter is exiting")

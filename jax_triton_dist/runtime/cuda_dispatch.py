@@ -12,7 +12,6 @@ plans (after the GPUs finish their work), so the next call plans again in the ne
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import struct
 import threading
@@ -42,16 +41,18 @@ try:  # built only where the CUDA headers were found
 except ImportError:  # pragma: no cover - depends on the build machine
     _cuda = None
 
-__all__ = ["plan", "log_launch", "bind_context", "ensure_shmem", "regions", "compile_site",
-           "kernel_params", "Loaded", "Trial", "device_kind", "launcher", "error_record",
-           "take_failure", "check_errors"]
+__all__ = ["plan", "log_launch", "bind_context", "EXIT_GRACE_S", "ensure_shmem", "regions",
+           "compile_site", "kernel_params", "Loaded", "Trial", "device_kind", "launcher",
+           "error_record", "take_failure", "check_errors"]
 
 _compile_lock = threading.Lock()
 _compiled: dict[tuple[int, int], Any] = {}  # (call id, variant index) -> compiled
 _planned: dict[tuple[int, int], Any] = {}  # (call id, device) -> the Loaded its plan launches
 _init_lock = threading.Lock()
 _records: dict[int, tuple[int, int]] = {}  # device -> (host, device) address of its record
-_exit_hook = threading.Event()  # set once the launcher's close is registered for exit
+EXIT_GRACE_S = 5.0
+"""Seconds running plans get to finish at interpreter exit (``ffi_targets`` registers the
+launcher's close with the target)."""
 
 
 def launcher():
@@ -139,9 +140,6 @@ def ensure_shmem(device: int) -> int:
     or ``nvshmem`` when each process of a multi-process job has one GPU. Returns the PE of
     GPU ``device``."""
     with _init_lock:
-        if not _exit_hook.is_set():
-            atexit.register(_cuda.close, 5.0)  # no plan in Python when it finalises
-            _exit_hook.set()
         if heap.running_backend() is None:
             if lifetime.default_backend() == "nvshmem":
                 shmem.init(backend="nvshmem")

@@ -8,6 +8,8 @@ each type before its target."""
 
 from __future__ import annotations
 
+import atexit
+
 import jax
 
 from jax_triton_dist import _ffi
@@ -32,6 +34,9 @@ def register() -> None:
     jax.ffi.register_ffi_type("jtd_site_use", _ffi.site_use_type(), platform="cpu")
     for name, stages in _ffi.registrations().items():
         jax.ffi.register_ffi_target(name, stages, platform="cpu")
+    # Exit hooks first (they run before SHMEM's, which frees the heaps): from now on a
+    # program may reach a custom call at any moment, the interpreter's exit included.
+    atexit.register(cpu_dispatch.close_at_exit)
     _ffi.set_cpu_dispatcher(cpu_dispatch.dispatch)
     site_uses.add_log(_ffi.take_site_events)
     launcher = cuda_dispatch.launcher()
@@ -39,6 +44,7 @@ def register() -> None:
         jax.ffi.register_ffi_type("jtd_site_use", launcher.site_use_type(), platform="CUDA")
         for name, stages in launcher.registrations().items():
             jax.ffi.register_ffi_target(name, stages, platform="CUDA")
+        atexit.register(launcher.close, cuda_dispatch.EXIT_GRACE_S)  # no plan in Python then
         launcher.set_planner(cuda_dispatch.plan)
         launcher.set_launch_logger(cuda_dispatch.log_launch)
         site_uses.add_log(launcher.take_site_events)

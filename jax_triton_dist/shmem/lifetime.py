@@ -44,7 +44,6 @@ class _Lifetime:
     # every PE is in this process).
     cross_process: Any = None
     finalize_hooks: list[Callable[[], None]] = dataclasses.field(default_factory=list)
-    exit_hook: bool = False  # finalize at interpreter exit is registered
 
 
 _state = _Lifetime()
@@ -128,9 +127,6 @@ def init(n_pes: int | None = None, heap_size: int | None = None, backend: str | 
         _init_nvshmem(n_pes, heap_size)
     else:
         _init_in_process(backend, n_pes, heap_size, devices)
-    if not _state.exit_hook:
-        atexit.register(_finalize_at_exit)
-        _state.exit_hook = True
 
 
 def _init_in_process(backend: str, n_pes: int | None, heap_size: int | None,
@@ -200,9 +196,13 @@ def finalize() -> None:
     _state.cross_process = None
 
 
+@atexit.register  # at import: after JAX's exit hooks, before every later one
 def _finalize_at_exit() -> None:
-    # Heaps are released while the GPU driver is still up (before JAX tears its
-    # backends down and before C++ static destructors run).
+    """Releases the heaps at interpreter exit. Exit hooks run in the reverse order of
+    their registration: this one, registered when the package is imported (after JAX),
+    runs after the runtime's (which stop the kernels that use the heaps, registered
+    later) and before JAX tears its backends down (while the GPU driver is still up, and
+    before C++ static destructors run)."""
     if _lib.initialized():
         with contextlib.suppress(Exception):  # nothing useful to report at exit
             finalize()
