@@ -185,7 +185,7 @@ def test_exits_with_an_op_in_flight_return_their_own_status(mode):
     with ThreadPoolExecutor(3) as pool:
         runs = list(pool.map(lambda when: _run_script(EXIT_SCRIPT, mode, "jtd", when), starts))
     assert time.monotonic() - start < 120  # no exit waits out a 60 s timeout
-    for when, done in zip(starts, runs):
+    for when, done in zip(starts, runs, strict=True):
         assert done.returncode == reference.returncode, (when, done.stderr[-3000:])
         for fatal in ("terminate called", "Fatal Python error", "Segmentation fault"):
             assert fatal not in done.stderr, (when, done.stderr[-3000:])
