@@ -195,9 +195,20 @@ std::map<std::pair<int64_t, int>, std::unique_ptr<Plan>> g_plans;
 std::vector<std::unique_ptr<Plan>> g_retired;
 nb::object* g_planner = nullptr;        // leaked: must outlive interpreter shutdown
 nb::object* g_launch_logger = nullptr;  // leaked likewise
-// At interpreter exit no first call may enter Python to plan (see cpu_dispatch.cc).
-std::atomic<int> g_planning{0};
+// At interpreter exit no launch may enter Python (to plan, or to log) (see cpu_dispatch.cc).
+std::atomic<int> g_in_python{0};
 std::atomic<bool> g_closing{false};
+
+// A launch's call into Python, counted from before its look at g_closing until it has
+// left Python: close() waits for it, or it sees closing and stays out.
+class PythonEntry {
+ public:
+  PythonEntry() { g_in_python.fetch_add(1); }
+  ~PythonEntry() { g_in_python.fetch_sub(1); }
+  PythonEntry(const PythonEntry&) = delete;
+  PythonEntry& operator=(const PythonEntry&) = delete;
+  bool allowed() const { return !g_closing.load(); }
+};
 
 Plan* FindPlan(int64_t call_id, int device) {
   std::lock_guard<std::mutex> lock(g_plans_mu);
@@ -227,11 +238,8 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
     // First call of this call site on this device: the coordinates (operand 0) are
     // needed on the host once, and an autotuned kernel times its configs on the call's
     // buffers, so wait for them; then plan in Python.
-    g_planning.fetch_add(1);
-    struct Done {
-      ~Done() { g_planning.fetch_sub(1); }
-    } done;
-    if (g_closing.load()) return Fail("the interpreter is exiting; the kernel did not run");
+    PythonEntry entry;
+    if (!entry.allowed()) return Fail("the interpreter is exiting; the kernel did not run");
     try {
       Check(D().cuStreamSynchronize(stream), "cuStreamSynchronize");
       nb::gil_scoped_acquire gil;
@@ -256,7 +264,7 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
     return Fail(failure);
   }
   plan->epoch = epoch;
-  if (plan->log_rank >= 0 && g_launch_logger != nullptr && !g_closing.load()) {
+  if (PythonEntry entry; plan->log_rank >= 0 && g_launch_logger != nullptr && entry.allowed()) {
     try {
       nb::gil_scoped_acquire gil;
       (*g_launch_logger)(call_id, device, plan->log_rank, epoch);
@@ -396,14 +404,14 @@ NB_MODULE(_cuda, m) {
         const auto deadline = std::chrono::steady_clock::now() +
                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                   std::chrono::duration<double>(timeout_s));
-        while (g_planning.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+        while (g_in_python.load() > 0 && std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        return g_planning.load();
+        return g_in_python.load();
       },
       "timeout_s"_a,
-      "Stops first calls from planning in Python and waits up to timeout_s for the running "
-      "ones (interpreter exit); returns how many still run.");
+      "Stops launches from entering Python (to plan a first call, or to log) and waits up "
+      "to timeout_s for those in it (interpreter exit); returns how many still are.");
   m.def(
       "drop_plans",
       [](int64_t call_id) {
