@@ -77,8 +77,9 @@ def test_matmul_all_reduce_gradients_match_lax():
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
-def test_matmul_all_reduce_200_back_to_back_calls():
-    ranks, steps = 4, 200
+@pytest.mark.parametrize("steps", [24, pytest.param(200, marks=pytest.mark.slow)])
+def test_matmul_all_reduce_back_to_back_calls(steps):
+    ranks = 4
     mesh = mesh_1d(ranks)
     rng = np.random.default_rng(20)
     xs = jnp.asarray(rng.standard_normal((steps, 3, ranks * 8)), jnp.float32)
@@ -233,8 +234,9 @@ def test_agmm_mmrs_back_to_back_with_a_straggler(straggler):
         check_mmrs(mesh, "x", m=2, k_local=8, n=24, dtype=jnp.float32, seed=200 + seed)
 
 
-def test_agmm_mmrs_200_back_to_back_calls():
-    ranks, steps = 2, 200
+@pytest.mark.parametrize("steps", [24, pytest.param(200, marks=pytest.mark.slow)])
+def test_agmm_mmrs_back_to_back_calls(steps):
+    ranks = 2
     mesh = mesh_1d(ranks)
     rng = np.random.default_rng(30)
     xs = jnp.asarray(rng.standard_normal((steps, ranks * 2, 8)), jnp.float32)

@@ -3,6 +3,7 @@ clean exits with work in flight, bad input caught at trace time, address checks 
 interpreted kernels, and a failing rank that stops its peers at once."""
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -80,10 +81,13 @@ RETRACE_LOOP = """
 """
 
 
-def test_300_retraces_fit_a_small_heap():
-    # Each site's region is about 260 KiB: 300 of them would need 76 MiB if none were freed.
-    done = _run_script(RETRACE_LOOP, "300", "16384", devices=2,
-                       env={shmem.HEAP_SIZE_ENV: "32M"}, timeout=600)
+@pytest.mark.parametrize("retraces, heap", [(120, "16M"),
+                                             pytest.param(300, "32M", marks=pytest.mark.slow)])
+def test_retraces_fit_a_small_heap(retraces, heap):
+    # Each site's region is about 260 KiB: 120 of them would need 31 MiB if none were
+    # freed, 300 76 MiB.
+    done = _run_script(RETRACE_LOOP, str(retraces), "16384", devices=2,
+                       env={shmem.HEAP_SIZE_ENV: heap}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     in_use = int(done.stdout.split("max in use ")[1].split()[0])
     assert 0 < in_use < 1 << 20, done.stdout
@@ -369,3 +373,36 @@ def test_a_failing_rank_stops_the_others_waiting_at_once(monkeypatch):
     with pytest.raises(Exception, match=r"out-of-bounds store .* result 0 `out_ptr`"):
         jax.block_until_ready(f(_put(jnp.ones(32, jnp.float32), mesh)))
     assert time.monotonic() - start < 20  # not rank 0's 60 s timeout
+
+
+@triton.jit
+def scaled_copy_kernel(x_ptr, out_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, SCALE * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def test_ranks_sent_to_different_calls_time_out_saying_where_each_rank_is(monkeypatch):
+    # A lax.cond whose predicate differs between ranks: rank 1 runs one kernel, the others
+    # another, and each waits for the first run of its team in vain.
+    monkeypatch.setenv(shmem.TIMEOUT_ENV, "2")
+    mesh = _mesh(4)
+
+    def call(v, scale):
+        return jtd.triton_call(scaled_copy_kernel, v, n=v.size, out_shape=jax.ShapeDtypeStruct(
+            v.shape, v.dtype), grid=1, axis_name="x", SCALE=scale, BLOCK=8)
+
+    f = jax.jit(jax.shard_map(
+        lambda v: jax.lax.cond(jax.lax.axis_index("x") == 1, lambda u: call(u, 2.0),
+                               lambda u: call(u, 3.0), v),
+        mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    start = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        jax.block_until_ready(f(_put(jnp.ones(32, jnp.float32), mesh)))
+    assert time.monotonic() - start < 30
+    message = str(caught.value)
+    assert re.search(r"kernel scaled_copy_kernel: rank \d \(PE \d\) waited 2\.0 s for the first "
+                     r"run of its team .*; ranks \[.*\] never arrived", message), message
+    # ... and where the others were meanwhile: in their call, or just out of it.
+    assert re.search(r"meanwhile PE \d (runs kernel scaled_copy_kernel \(call \d+\) for "
+                     r"\d+\.\d s|runs no kernel \(the last it ran: kernel scaled_copy_kernel "
+                     r"\(call \d+\), (failed|ended) \d+\.\d s ago)", message), message

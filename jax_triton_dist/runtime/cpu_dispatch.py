@@ -33,6 +33,7 @@ from jax_triton_dist.runtime import (
     interpreter,
     ir_dump,
     launch_log,
+    rank_activity,
     site_uses,
     timeline_capture,
     tuning,
@@ -179,6 +180,12 @@ def _dump_cuda_compile(site: call_site.CallSite, variant: tuning.Variant,
 def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int],
          instance: int) -> None:
     site = call_site.lookup(call_id)
+    with rank_activity.running(device_ordinal, f"kernel {site.label} (call {call_id})"):
+        _run_site(site, device_ordinal, arg_ptrs, ret_ptrs, instance)
+
+
+def _run_site(site: call_site.CallSite, device_ordinal: int, arg_ptrs: list[int],
+              ret_ptrs: list[int], instance: int) -> None:
     _ensure_shmem(device_ordinal)
     coords = shmem.as_array(arg_ptrs[0], (len(site.mesh_axes),), np.int32)
     key = tuple(int(c) for c in coords)
@@ -316,6 +323,9 @@ def dispatch(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: l
             cause = cause.__cause__
         site = call_site.find(call_id)
         where = _kernel_frame(site, error) if site is not None else ""
+        if isinstance(cause, shmem.ShmemTimeoutError):  # where the others are meanwhile
+            others = [pe for pe in range(shmem.n_pes()) if pe != device_ordinal]
+            where += f"; meanwhile {rank_activity.describe(others)}"
         return (f"jax_triton_dist (CPU device {device_ordinal}): {type(cause).__name__}: "
                 f"{cause}{where}")
     return None
