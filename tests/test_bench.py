@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from jax_triton_dist.bench import __main__ as bench
 from jax_triton_dist.bench import collectives
 
@@ -25,6 +27,7 @@ def test_collectives_benchmark_cli_writes_json(tmp_path, capsys):
     assert len(data["results"]) == len(collectives.OPS)
 
 
+@pytest.mark.slow
 def test_gemm_benchmark_times_every_config_on_cpu(tmp_path):
     from jax_triton_dist import tiles
     from jax_triton_dist.bench import gemm

@@ -63,7 +63,8 @@ def assert_close(out, ref, dtype):
 
 
 @pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.float32),
-                                         (4, jnp.float32), (2, jnp.bfloat16)])
+                                         pytest.param(4, jnp.float32, marks=pytest.mark.slow),
+                                         (2, jnp.bfloat16)])
 def test_all_gather_matmul(persistent, ranks, dtype):
     mesh = mesh_1d(ranks)
     x, w = rand((ranks * 24, 48), ranks, dtype), rand((48, 64), 7, dtype, 0.2)
@@ -76,7 +77,8 @@ def test_all_gather_matmul(persistent, ranks, dtype):
 
 
 @pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.float32),
-                                         (4, jnp.float32), (2, jnp.bfloat16)])
+                                         pytest.param(4, jnp.float32, marks=pytest.mark.slow),
+                                         (2, jnp.bfloat16)])
 def test_matmul_reduce_scatter(persistent, ranks, dtype):
     mesh = mesh_1d(ranks)
     x, w = rand((ranks * 20, ranks * 16), ranks, dtype), rand((ranks * 16, 48), 5, dtype, 0.2)
@@ -87,7 +89,7 @@ def test_matmul_reduce_scatter(persistent, ranks, dtype):
     assert_close(out, dot32(x, w), dtype)
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 4])
+@pytest.mark.parametrize("ranks", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_matmul_all_reduce(persistent, ranks):
     mesh = mesh_1d(ranks)
     x, w = rand((40, ranks * 16), ranks), rand((ranks * 16, 48), 3, scale=0.2)

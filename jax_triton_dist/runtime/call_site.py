@@ -27,7 +27,7 @@ import numpy as np
 
 from jax_triton_dist import shmem
 from jax_triton_dist.language import timeline
-from jax_triton_dist.runtime import tuning
+from jax_triton_dist.runtime import python_ast, tuning
 from jax_triton_dist.runtime.tuning import Autotuned, Variant
 from jax_triton_dist.shmem import heap, lifetime, rendezvous
 from jax_triton_dist.shmem.settings import aligned
@@ -244,8 +244,10 @@ class CallSite:
     def tuning_key(self, device_kind: str) -> dict[str, Any]:
         """What an autotuned site's choice depends on (its disk-cache key)."""
         keys = self.tuner.key if self.tuner is not None else ()
+        with python_ast.LOCK:  # the first cache_key parses the source (python_ast.py)
+            source = self.kernel.cache_key
         return {
-            "kernel": self.label, "source": self.kernel.cache_key,
+            "kernel": self.label, "source": source,
             "inputs": [(s.shape, s.dtype.name) for s in self.inputs],
             "outputs": [(s.shape, s.dtype.name) for s in self.outputs],
             "scalars": [v for kind, v in self.params if kind == "scalar"],

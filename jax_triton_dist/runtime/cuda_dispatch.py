@@ -29,6 +29,7 @@ from jax_triton_dist.runtime import (
     cuda_driver,
     ir_dump,
     launch_log,
+    python_ast,
     site_uses,
     timeline_capture,
     tuning,
@@ -224,7 +225,7 @@ def _positional(site: call_site.CallSite) -> list[tuple[str, Any]]:
 def compile_site(site: call_site.CallSite, variant: tuning.Variant):
     """Triton signature and compiled kernel of a call site's variant (compiled once)."""
     key = (site.call_id, site.variants.index(variant))
-    with _compile_lock:
+    with _compile_lock, python_ast.LOCK:  # Triton parses the kernel's source
         if key not in _compiled:
             start = time.perf_counter()
             positional = _positional(site)

@@ -41,6 +41,7 @@ from triton.runtime import interpreter as _interp
 from triton.runtime.jit import JITFunction
 
 from jax_triton_dist.language import bounds, timeline
+from jax_triton_dist.runtime import python_ast
 
 __all__ = ["Pointer", "launch", "interpreting"]
 
@@ -86,15 +87,11 @@ def _grid_dim_set(self, value):
     _grid.dim = value
 
 
-_rewrite_lock = threading.Lock()
-
-
 def _rewrite(fn: Callable) -> Callable:
     rewritten = _rewritten.get(fn)
     if rewritten is None:
-        # CPython's AST compiler is not thread-safe ("AST constructor recursion depth
-        # mismatch" when ranks rewrite the same kernel at once): one rewrite at a time.
-        with _rewrite_lock:
+        # CPython's AST module is not thread-safe: one parse at a time (python_ast.py).
+        with python_ast.LOCK:
             rewritten = _rewritten.get(fn)
             if rewritten is None:
                 rewritten = _interp.FunctionRewriter(fn).rewrite_ast()
