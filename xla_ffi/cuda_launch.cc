@@ -264,12 +264,15 @@ ffi::Error CudaLaunchImpl(CUstream stream, int32_t device, ffi::RemainingArgs ar
     return Fail(failure);
   }
   plan->epoch = epoch;
-  if (PythonEntry entry; plan->log_rank >= 0 && g_launch_logger != nullptr && entry.allowed()) {
-    try {
-      nb::gil_scoped_acquire gil;
-      (*g_launch_logger)(call_id, device, plan->log_rank, epoch);
-    } catch (const std::exception& e) {
-      return Fail(std::string("the launch logger failed: ") + e.what());
+  if (plan->log_rank >= 0 && g_launch_logger != nullptr) {  // counted only when logging
+    PythonEntry entry;
+    if (entry.allowed()) {
+      try {
+        nb::gil_scoped_acquire gil;
+        (*g_launch_logger)(call_id, device, plan->log_rank, epoch);
+      } catch (const std::exception& e) {
+        return Fail(std::string("the launch logger failed: ") + e.what());
+      }
     }
   }
   return ffi::Error::Success();

@@ -2,9 +2,10 @@
 
 A rank that waits in vain for a peer is told which ranks never came; this registry says
 where they are instead: the CPU backend records every dispatch of a PE from its start
-(before it joins its team) to its end, and a timeout's message lists them ("PE 1 has run
-kernel ring_kernel (call 12) for 59.9 s"), so a peer stuck in an earlier call, or not
-reached by its program at all, shows at once.
+(before it joins its team) to its end, and a timeout's message lists them ("PE 1 runs
+kernel ring_kernel (call 12) for 59.9 s", "PE 2 runs no kernel (the last it ran: ...,
+failed 0.1 s ago (SystemError))"), so a peer stuck in an earlier call, or not reached by
+its program at all, shows at once.
 """
 
 from __future__ import annotations
