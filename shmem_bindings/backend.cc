@@ -253,10 +253,12 @@ const char* CmpName(Cmp cmp) {
 
 void WaitUntil(const std::function<uint64_t(uintptr_t)>& load, const std::vector<uintptr_t>& addrs,
                int itemsize, bool is_signed, Cmp cmp, int64_t value, double timeout_s,
-               const std::string& who, uintptr_t abort_addr, int64_t abort_epoch) {
+               const std::string& who, uintptr_t abort_addr, int64_t abort_epoch,
+               uintptr_t run_abort_addr) {
   CheckItemsize(itemsize);
   const auto deadline = Deadline(timeout_s);
   const auto* abort_word = reinterpret_cast<const std::atomic<int64_t>*>(abort_addr);
+  const auto* run_abort_word = reinterpret_cast<const std::atomic<int64_t>*>(run_abort_addr);
   for (size_t i = 0; i < addrs.size(); ++i) {
     int spins = 0;
     while (true) {
@@ -267,6 +269,10 @@ void WaitUntil(const std::function<uint64_t(uintptr_t)>& load, const std::vector
       if (abort_word != nullptr && abort_word->load(std::memory_order_acquire) >= abort_epoch) {
         throw ShmemAborted(who + ": wait abandoned on flag " + std::to_string(i) +
                            ": a peer rank of this call failed");
+      }
+      if (run_abort_word != nullptr && run_abort_word->load(std::memory_order_acquire) != 0) {
+        throw ShmemAborted(who + ": wait abandoned on flag " + std::to_string(i) +
+                           ": a call of this execution failed");
       }
       if (Clock::now() > deadline) {
         char buf[512];

@@ -57,10 +57,13 @@ void CheckItemsize(int itemsize);
 // flag with `load(addr)` (`itemsize` bytes, signed or not). On timeout throws
 // ShmemTimeout naming `who`, the flag index and address, the expected and the seen value.
 // With `abort_addr` (a host int64, 0: none), throws ShmemAborted as soon as the value there
-// reaches `abort_epoch` (a peer of this call failed); so do cancelled waits (CancelWaits).
+// reaches `abort_epoch` (a peer of this call failed); with `run_abort_addr` (a host int64,
+// 0: none), as soon as the value there is nonzero (a call of the same execution failed);
+// so do cancelled waits (CancelWaits).
 void WaitUntil(const std::function<uint64_t(uintptr_t)>& load, const std::vector<uintptr_t>& addrs,
                int itemsize, bool is_signed, Cmp cmp, int64_t value, double timeout_s,
-               const std::string& who, uintptr_t abort_addr = 0, int64_t abort_epoch = 0);
+               const std::string& who, uintptr_t abort_addr = 0, int64_t abort_epoch = 0,
+               uintptr_t run_abort_addr = 0);
 
 class Backend {
  public:

@@ -77,9 +77,9 @@ uint64_t signal_fetch(uintptr_t addr, int itemsize) {
 
 void wait_flags(const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed, Cmp cmp,
                 int64_t value, double timeout_s, const std::string& who, uintptr_t abort_addr,
-                int64_t abort_epoch) {
+                int64_t abort_epoch, uintptr_t run_abort_addr) {
   WaitUntil([itemsize](uintptr_t addr) { return signal_fetch(addr, itemsize); }, addrs, itemsize,
-            is_signed, cmp, value, timeout_s, who, abort_addr, abort_epoch);
+            is_signed, cmp, value, timeout_s, who, abort_addr, abort_epoch, run_abort_addr);
 }
 
 void fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }

@@ -32,10 +32,10 @@ void signal_op(uintptr_t addr, uint64_t value, SignalOp op, int itemsize);
 uint64_t signal_fetch(uintptr_t addr, int itemsize);
 
 // WaitUntil on host memory (abandoned when the int64 at `abort_addr` reaches
-// `abort_epoch`; 0: no abort word).
+// `abort_epoch`, or the int64 at `run_abort_addr` is nonzero; 0: no such word).
 void wait_flags(const std::vector<uintptr_t>& addrs, int itemsize, bool is_signed, Cmp cmp,
                 int64_t value, double timeout_s, const std::string& who, uintptr_t abort_addr,
-                int64_t abort_epoch);
+                int64_t abort_epoch, uintptr_t run_abort_addr);
 
 void fence();
 

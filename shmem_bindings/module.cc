@@ -244,13 +244,14 @@ NB_MODULE(_shmem, m) {
   m.def(
       "wait_flags",
       [](std::vector<uintptr_t> addrs, int itemsize, bool is_signed, int cmp, int64_t value,
-         double timeout_s, std::string who, uintptr_t abort_addr, int64_t abort_epoch) {
+         double timeout_s, std::string who, uintptr_t abort_addr, int64_t abort_epoch,
+         uintptr_t run_abort_addr) {
         nb::gil_scoped_release release;
         wait_flags(addrs, itemsize, is_signed, static_cast<Cmp>(cmp), value, timeout_s, who,
-                   abort_addr, abort_epoch);
+                   abort_addr, abort_epoch, run_abort_addr);
       },
       "addrs"_a, "itemsize"_a, "is_signed"_a, "cmp"_a, "value"_a, "timeout_s"_a, "who"_a,
-      "abort_addr"_a = 0, "abort_epoch"_a = 0);
+      "abort_addr"_a = 0, "abort_epoch"_a = 0, "run_abort_addr"_a = 0);
   // Every wait and rendezvous, running or to come, raises ShmemAbortedError (at exit).
   m.def("cancel_waits", &CancelWaits, "reason"_a);
   m.def("fence", &fence);

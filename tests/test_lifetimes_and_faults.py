@@ -376,6 +376,54 @@ def test_a_failing_rank_stops_the_others_waiting_at_once(monkeypatch):
 
 
 @triton.jit
+def fails_on_negative_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """A copy; rank 1 also stores one element past ``out`` when its ``x[0]`` is negative."""
+    offs = tl.arange(0, BLOCK)
+    over = tl.where((dl.rank() == 1) & (tl.load(x_ptr) < 0), 1, 0)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n + over)
+
+
+@triton.jit
+def handshake_kernel(x_ptr, out_ptr, flag_ptr, n, BLOCK: tl.constexpr):
+    """Rank 1 signals rank 0, which waits for it; both copy."""
+    epoch = dl.epoch()
+    if dl.rank() == 1:
+        dl.notify(flag_ptr, 0, epoch, "set", "sys")
+    else:
+        dl.wait(flag_ptr, 1, "sys", "acquire", epoch)
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def test_a_rank_failing_in_one_call_stops_the_later_calls_of_the_execution(monkeypatch):
+    # Rank 1 fails in the first call, where nobody waits for it; rank 0 goes on to the second
+    # call and would wait there for rank 1 (at the team's first run, or at dl.wait once the
+    # team exists) until the timeout. It stops at once, with rank 1's failure; and the next
+    # execution runs, though rank 1 skipped a launch of the second call that rank 0 made.
+    monkeypatch.setenv(shmem.TIMEOUT_ENV, "60")
+    mesh = _mesh(2)
+
+    def body(v):
+        shape = jax.ShapeDtypeStruct(v.shape, v.dtype)
+        u = jtd.triton_call(fails_on_negative_kernel, v, n=v.size, out_shape=shape, grid=1,
+                            axis_name="x", BLOCK=64)
+        return jtd.triton_call(handshake_kernel, u, n=v.size, out_shape=shape,
+                               workspace=[jtd.Workspace((1,), jnp.int32)], grid=1,
+                               axis_name="x", BLOCK=32)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    good = _put(jnp.arange(1.0, 65.0), mesh)
+    bad = _put(-jnp.arange(1.0, 65.0), mesh)
+    for first_run in (True, False, False):  # the joins of a first run; the waits of later ones
+        start = time.monotonic()
+        with pytest.raises(Exception, match=r"out-of-bounds store") as caught:
+            jax.block_until_ready(f(bad))
+        assert time.monotonic() - start < 20, first_run  # not rank 0's 60 s timeout
+        assert "meanwhile" not in str(caught.value)  # nobody timed out
+        np.testing.assert_array_equal(f(good), jnp.arange(1.0, 65.0))  # later runs unharmed
+
+
+@triton.jit
 def scaled_copy_kernel(x_ptr, out_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, SCALE * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)

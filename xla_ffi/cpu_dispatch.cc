@@ -69,6 +69,7 @@ struct Dispatch {
   int32_t device_ordinal;
   int64_t call_id;
   int64_t instance;  // the HLO custom call (site_uses.h)
+  int64_t run_id;    // the execution (shared by the devices of one SPMD execution)
   std::vector<uintptr_t> args, rets;
 };
 
@@ -86,7 +87,7 @@ std::optional<ffi::Error> RunDispatch(const Dispatch& d) {
     for (uintptr_t p : d.rets) ret_ptrs.append(p);
     // The dispatcher returns None, or the message of a failure.
     nb::object failure =
-        (*g_dispatcher)(d.call_id, d.device_ordinal, arg_ptrs, ret_ptrs, d.instance);
+        (*g_dispatcher)(d.call_id, d.device_ordinal, arg_ptrs, ret_ptrs, d.instance, d.run_id);
     if (!failure.is_none()) {
       return ffi::Error(ffi::ErrorCode::kInternal, nb::cast<std::string>(failure));
     }
@@ -96,7 +97,7 @@ std::optional<ffi::Error> RunDispatch(const Dispatch& d) {
   return std::nullopt;
 }
 
-ffi::Future CpuDispatchImpl(int32_t device_ordinal, site_uses::SiteUse* use,
+ffi::Future CpuDispatchImpl(int32_t device_ordinal, ffi::RunId run_id, site_uses::SiteUse* use,
                             ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t call_id) {
   ffi::Promise promise;
   ffi::Future future(promise);
@@ -107,7 +108,7 @@ ffi::Future CpuDispatchImpl(int32_t device_ordinal, site_uses::SiteUse* use,
                                 "not run"));
     return future;
   }
-  Dispatch d{device_ordinal, call_id, use->instance, {}, {}};
+  Dispatch d{device_ordinal, call_id, use->instance, run_id.run_id, {}, {}};
   for (size_t i = 0; i < args.size(); ++i) {
     auto buffer = args.get<ffi::AnyBuffer>(i);
     if (!buffer.has_value()) {
@@ -164,6 +165,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kCpuInstantiate, site_uses::Instantiate,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCpuDispatch, CpuDispatchImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::DeviceOrdinal>()              // device_ordinal
+                                  .Ctx<ffi::RunId>()                      // the execution
                                   .Ctx<ffi::State<site_uses::SiteUse>>()  // the instance
                                   .RemainingArgs()                        // kernel inputs
                                   .RemainingRets()                        // kernel outputs

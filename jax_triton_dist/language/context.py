@@ -35,6 +35,9 @@ class RankContext:
       label: names the kernel, for error messages.
       abort_word: address (this rank's heap) of the team's int64 abort word: waits of
         epoch ``e`` give up once it reaches ``e`` (a rank of the call failed); 0: none.
+      run_abort_word: address of the execution's int64 abort word: waits give up once it
+        is nonzero (a call of the same execution failed: ``runtime/failed_runs.py``); 0:
+        none.
       timeline: where the primitives append timeline events of a timed launch
         (``language/timeline.py``); None: the launch is not timed.
     """
@@ -50,6 +53,7 @@ class RankContext:
     timeout: float
     label: str
     abort_word: int = 0
+    run_abort_word: int = 0
     timeline: list | None = None
 
     def who(self) -> str:

@@ -243,7 +243,8 @@ def _wait_interp(flag_ptrs, n=1, scope="gpu", semantic="acquire", value=1, cmp="
     who = f"{ctx.who()}: dl.wait(cmp={cmp!r})"
     _timeline.record_interpreted(_timeline.Kind.WAIT_START)
     _host_atomics().wait_flags(addresses, itemsize, element.is_int_signed(), CMPS[cmp],
-                               expected, ctx.timeout, who, ctx.abort_word, ctx.epoch)
+                               expected, ctx.timeout, who, ctx.abort_word, ctx.epoch,
+                               ctx.run_abort_word)
     _timeline.record_interpreted(_timeline.Kind.WAIT_END)
     return _scalar(0, tl.int32)
 

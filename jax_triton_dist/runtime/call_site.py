@@ -14,6 +14,7 @@ executables): :func:`release` then frees its regions and the backends' launch pl
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import importlib.metadata
@@ -115,7 +116,9 @@ class TeamState:
     region: Any = None  # the backend's description of the team's symmetric region
     offset: int | None = None  # the region's heap offset (what release() frees)
     name: str = ""  # teams across processes: the name of their rendezvous
-    epochs: dict[int, int] = dataclasses.field(default_factory=dict)
+    epochs: dict[int, int] = dataclasses.field(default_factory=dict)  # PE -> last epoch
+    run_bases: collections.OrderedDict[int, int] = dataclasses.field(
+        default_factory=collections.OrderedDict)  # execution -> epoch its launches follow
     failures: dict[int, str] = dataclasses.field(default_factory=dict)  # epoch -> why
     choice: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> variant
     gathered: dict[str, list] = dataclasses.field(default_factory=dict)  # tag -> values
@@ -124,6 +127,23 @@ class TeamState:
     @property
     def ready(self) -> bool:
         return self.region is not None
+
+    def align_epoch(self, pe: int, run_id: int, lock: threading.Condition) -> None:
+        """Starts ``pe``'s launches of execution ``run_id`` (XLA's ``RunId``; 0: unknown,
+        nothing done) after the same epoch as the team's other ranks in that execution: the
+        highest epoch any rank had reached when the first of them arrived. A rank that
+        skipped an execution's call (its program failed before it) thereby catches up, and
+        its peers' flags of that execution, which it never saw, stay below its epochs."""
+        if not run_id:
+            return
+        with lock:
+            base = self.run_bases.get(run_id)
+            if base is None:
+                base = self.run_bases[run_id] = max(self.epochs.values(), default=0)
+                while len(self.run_bases) > 64:  # older executions have ended everywhere
+                    self.run_bases.popitem(last=False)
+            if self.epochs.get(pe, 0) < base:
+                self.epochs[pe] = base
 
     def rank_lock(self, rank: int) -> threading.Lock:
         """The lock a rank holds while it runs (its runs of this team one at a time)."""
@@ -205,11 +225,13 @@ class CallSite:
             return list(values)
 
     def _wait(self, ready: Callable[[], bool], timeout: float, who: str, what: str,
-              missing: Callable[[], list[int]]) -> None:
+              missing: Callable[[], list[int]],
+              stop: Callable[[], str | None] | None = None) -> None:
         """Waits on the site's condition (held by the caller) until ``ready()``.
 
         Raises:
-          ShmemAbortedError: the joins were abandoned (the interpreter is exiting).
+          ShmemAbortedError: the joins were abandoned (the interpreter is exiting), or
+            ``stop()`` gave a reason.
           ShmemTimeoutError: ``timeout`` seconds passed; names the ranks ``missing()``.
         """
         deadline = time.monotonic() + timeout
@@ -218,6 +240,10 @@ class CallSite:
             if _abandoned.is_set():
                 raise shmem.ShmemAbortedError(f"kernel {self.label}: {who} stopped waiting for "
                                               f"{what}: {_abandoned.reason}")
+            reason = stop() if stop is not None else None
+            if reason is not None:
+                raise shmem.ShmemAbortedError(f"kernel {self.label}: {who} stopped waiting for "
+                                              f"{what}: {reason}")
             if remaining <= 0:
                 raise shmem.ShmemTimeoutError(
                     f"kernel {self.label}: {who} waited {timeout:.1f} s for {what}; ranks "
@@ -282,9 +308,11 @@ class CallSite:
 
     def join(self, coords: tuple[int, ...], pe: int, timeout: float,
              allocate: Callable[[CallSite, TeamState], Any],
-             instance: int = 0) -> tuple[int, TeamState]:
+             instance: int = 0,
+             stop: Callable[[], str | None] | None = None) -> tuple[int, TeamState]:
         """Registers ``pe`` in its team; the first run waits for every rank of the team.
         ``instance``: which custom call of the site runs (each has its own teams).
+        ``stop()``: polled while waiting; a reason to give up (the execution failed).
 
         The last rank to arrive calls ``allocate(site, team)`` (with every rank's PE known)
         and stores its result as ``team.region``.
@@ -316,7 +344,7 @@ class CallSite:
                        "the first run of its team (every rank of a team must run the same "
                        "call: a lax.cond whose predicate differs between ranks sends them "
                        "to different calls)",
-                       lambda: [r for r, p in enumerate(team.pes) if p is None])
+                       lambda: [r for r, p in enumerate(team.pes) if p is None], stop)
         return rank, team
 
 

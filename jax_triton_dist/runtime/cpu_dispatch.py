@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import inspect
 import io
 import statistics
@@ -30,6 +31,7 @@ from jax_triton_dist.language.device_abi import staging_slot
 from jax_triton_dist.runtime import (
     call_site,
     debug_settings,
+    failed_runs,
     interpreter,
     ir_dump,
     launch_log,
@@ -183,14 +185,27 @@ def _dump_cuda_compile(site: call_site.CallSite, variant: tuning.Variant,
 
 
 def _run(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int],
-         instance: int) -> None:
+         instance: int, run_id: int) -> None:
     site = call_site.lookup(call_id)
-    with rank_activity.running(device_ordinal, f"kernel {site.label} (call {call_id})"):
-        _run_site(site, device_ordinal, arg_ptrs, ret_ptrs, instance)
+    what = f"kernel {site.label} (call {call_id})"
+    with (rank_activity.running(device_ordinal, what),
+          failed_runs.entered(run_id, f"PE {device_ordinal}, {what}") as run_word):
+        _run_site(site, device_ordinal, arg_ptrs, ret_ptrs, instance, _Run(run_id, run_word))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """The execution a call belongs to (``runtime/failed_runs.py``)."""
+
+    id: int
+    abort_word: int
+
+    def failure(self) -> str | None:
+        return failed_runs.reason(self.id)
 
 
 def _run_site(site: call_site.CallSite, device_ordinal: int, arg_ptrs: list[int],
-              ret_ptrs: list[int], instance: int) -> None:
+              ret_ptrs: list[int], instance: int, run: _Run) -> None:
     _ensure_shmem(device_ordinal)
     coords = shmem.as_array(arg_ptrs[0], (len(site.mesh_axes),), np.int32)
     key = tuple(int(c) for c in coords)
@@ -199,19 +214,20 @@ def _run_site(site: call_site.CallSite, device_ordinal: int, arg_ptrs: list[int]
     # A call site used twice in a program (a traced function called twice) is two custom
     # calls, which XLA may run in either order on each rank: each has its teams.
     rank, team = site.join(key, device_ordinal, shmem.wait_timeout(), call_site.allocate_region,
-                           instance=instance)
+                           instance=instance, stop=run.failure)
     # One run at a time per rank (runs of successive executions may overlap).
     with team.rank_lock(rank):
-        _run_team(site, team, rank, device_ordinal, arg_ptrs, ret_ptrs)
+        _run_team(site, team, rank, device_ordinal, arg_ptrs, ret_ptrs, run)
 
 
 def _run_team(site: call_site.CallSite, team: call_site.TeamState, rank: int,
-              device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int]) -> None:
+              device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int], run: _Run) -> None:
 
     def launch(variant: tuning.Variant) -> None:
-        _launch(site, team, rank, device_ordinal, variant, arg_ptrs, ret_ptrs)
+        _launch(site, team, rank, device_ordinal, variant, arg_ptrs, ret_ptrs, run)
 
     first = device_ordinal not in team.epochs
+    team.align_epoch(device_ordinal, run.id, site.cond)
     variant = site.choose(team, rank, "cpu", "cpu", lambda index: _Trial(
         site.tuner, team, device_ordinal, lambda: launch(site.variants[index])))
     if first:
@@ -247,7 +263,7 @@ class _Trial(tuning.Trial):
 
 def _launch(site: call_site.CallSite, team: call_site.TeamState, rank: int,
             device_ordinal: int, variant: tuning.Variant, arg_ptrs: list[int],
-            ret_ptrs: list[int]) -> None:
+            ret_ptrs: list[int], run: _Run) -> None:
     """One launch of ``variant`` by ``rank`` in the next epoch."""
     timeout = shmem.wait_timeout()
     epoch = team.epochs.get(device_ordinal, 0) + 1
@@ -265,6 +281,7 @@ def _launch(site: call_site.CallSite, team: call_site.TeamState, rank: int,
         timeout=timeout,
         label=site.label,
         abort_word=base + site.region_layout.abort,
+        run_abort_word=run.abort_word,
         timeline=[] if site.timeline else None,
     )
     launch_log.launch(site.label, site.call_id, device_ordinal, rank, site.num_ranks,
@@ -295,7 +312,7 @@ def _launch(site: call_site.CallSite, team: call_site.TeamState, rank: int,
                     timeline_capture.add_events(site, device_ordinal, device_ordinal, rank,
                                                 ctx.timeline)
     except shmem.ShmemAbortedError as error:
-        cause = team.failures.get(epoch)
+        cause = team.failures.get(epoch) or run.failure()
         raise shmem.ShmemAbortedError(f"{error}: {cause}" if cause else str(error)
                                       ).with_traceback(error.__traceback__) from None
     except Exception as error:
@@ -317,11 +334,13 @@ def _kernel_frame(site: call_site.CallSite, error: BaseException) -> str:
 
 
 def dispatch(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: list[int],
-             instance: int = 0) -> str | None:
+             instance: int = 0, run_id: int = 0) -> str | None:
     """Runs one rank of custom call ``instance`` of the site (on a thread of its own: the
-    FFI handler is asynchronous); returns None, or the message of the failure."""
+    FFI handler is asynchronous) in execution ``run_id`` (XLA's ``RunId``; 0: unknown);
+    returns None, or the message of the failure (which stops the execution's other calls:
+    ``runtime/failed_runs.py``)."""
     try:
-        _run(call_id, device_ordinal, arg_ptrs, ret_ptrs, instance)
+        _run(call_id, device_ordinal, arg_ptrs, ret_ptrs, instance, run_id)
     except Exception as error:  # reported to XLA, which raises it in the caller
         cause = error
         while isinstance(cause, InterpreterError) and cause.__cause__ is not None:
@@ -331,6 +350,10 @@ def dispatch(call_id: int, device_ordinal: int, arg_ptrs: list[int], ret_ptrs: l
         if isinstance(cause, shmem.ShmemTimeoutError):  # where the others are meanwhile
             others = [pe for pe in range(shmem.n_pes()) if pe != device_ordinal]
             where += f"; meanwhile {rank_activity.describe(others)}"
-        return (f"jax_triton_dist (CPU device {device_ordinal}): {type(cause).__name__}: "
-                f"{cause}{where}")
+        message = f"{type(cause).__name__}: {cause}{where}"
+        if not isinstance(cause, shmem.ShmemAbortedError):  # (an abort has its own cause)
+            label = site.label if site is not None else "?"
+            failed_runs.fail(run_id, device_ordinal, f"kernel {label} (call {call_id})",
+                             message)
+        return f"jax_triton_dist (CPU device {device_ordinal}): {message}"
     return None

@@ -14,7 +14,8 @@ __all__ = ["wait_flags", "signal_op", "fence", "cancel_waits"]
 
 
 def wait_flags(addrs: Sequence[int], itemsize: int, is_signed: bool, cmp: int, value: int,
-               timeout_s: float, who: str, abort_word: int = 0, epoch: int = 0) -> None:
+               timeout_s: float, who: str, abort_word: int = 0, epoch: int = 0,
+               run_abort_word: int = 0) -> None:
     """Spins until every flag at ``addrs`` (``itemsize`` bytes, 4 or 8) compares true with
     ``value`` under ``cmp`` (a :class:`shmem.Cmp`).
 
@@ -22,10 +23,11 @@ def wait_flags(addrs: Sequence[int], itemsize: int, is_signed: bool, cmp: int, v
       ShmemTimeoutError: not within ``timeout_s``; names ``who``, the flag index and
         address, the expected and the seen value.
       ShmemAbortedError: the int64 at ``abort_word`` reached ``epoch`` (a peer of the call
-        failed), or waits were cancelled (:func:`cancel_waits`).
+        failed), the int64 at ``run_abort_word`` is nonzero (a call of the same execution
+        failed: ``runtime/failed_runs.py``), or waits were cancelled (:func:`cancel_waits`).
     """
     _lib.wait_flags([int(a) for a in addrs], itemsize, is_signed, int(cmp), int(value),
-                    float(timeout_s), who, int(abort_word), int(epoch))
+                    float(timeout_s), who, int(abort_word), int(epoch), int(run_abort_word))
 
 
 def cancel_waits(reason: str) -> None:
