@@ -239,11 +239,35 @@ def stream_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[
     """Configs of the stream-K GEMM tile (``kernels/gemm.py``'s ``matmul_stream_k_kernel``,
     :func:`fill_programs` programs): the ``STREAM_K`` forms of :func:`gemm_configs`
     (``tma=True``, ``tile_kernel=True``): through pointers, through descriptors, and
-    through descriptors with both ``FLATTEN`` and ``TMA_STORE``. None where tiles fill
-    whole waves, or off CUDA."""
-    return [c for c in gemm_configs(m, n, k, target=target, tma=True, tile_kernel=True,
-                                    stream_k=True)
-            if c.get("STREAM_K") and c.get("FLATTEN", False) == c.get("TMA_STORE", False)]
+    through descriptors with both ``FLATTEN`` and ``TMA_STORE``; then the descriptor forms
+    again with ``IN_STEP`` (the split tiles' K blocks shared out in step:
+    ``stream_k_split``). None where tiles fill whole waves, or off CUDA."""
+    configs = [c for c in gemm_configs(m, n, k, target=target, tma=True, tile_kernel=True,
+                                       stream_k=True)
+               if c.get("STREAM_K") and c.get("FLATTEN", False) == c.get("TMA_STORE", False)]
+    return configs + [dict(c, IN_STEP=True) for c in configs if c["USE_TMA"]]
+
+
+def stream_k_slots(programs: int, tiles: int, blocks: int, in_step: bool = False) -> int:
+    """Shares a program of a stream-K grid holds at most (the partial workspace's slots per
+    program): the most tiles any program's run of split K blocks meets under
+    ``kernels/gemm.py``'s ``stream_k_split`` (``tiles`` output tiles of ``blocks`` K blocks
+    on ``programs`` programs; ``in_step``: its ``IN_STEP`` layout). 2 without ``in_step``
+    (a run meets at most two tiles); with it, a tail run may meet more."""
+    if not in_step:
+        return 2
+    split = tiles % programs
+    head = split * blocks // programs
+    heads = split if head else 0
+    tail = blocks - head
+    share, extra = divmod(split * tail, programs - heads)
+    most = 1
+    for q in range(programs - heads):
+        start = q * share + min(q, extra)
+        end = start + share + (q < extra)
+        if end > start:
+            most = max(most, (end - 1) // tail - start // tail + 1)
+    return most
 
 
 def gemm_tile_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[str, int | bool]]:

@@ -229,7 +229,7 @@ def _tma_tiles(a_desc, b_desc, c_desc, c_ptr, first, step, M, N, K, stride_cm, s
 def matmul_stream_k_kernel(
     # Pointers
     a_ptr, b_ptr, c_ptr,
-    partial_ptr,  # workspace float32 [programs, 2, BLOCK_M, BLOCK_N]: shares of tiles
+    partial_ptr,  # workspace float32 [programs, SLOTS, BLOCK_M, BLOCK_N]: shares of tiles
     counts_ptr,  # workspace int32 [tiles]: K blocks done per tile (zero between calls)
     # Sizes
     M, N, K,
@@ -238,7 +238,7 @@ def matmul_stream_k_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
-    USE_TMA: tl.constexpr = True,
+    USE_TMA: tl.constexpr = True, IN_STEP: tl.constexpr = False, SLOTS: tl.constexpr = 2,
 ):
     """``C = A @ B`` by a persistent grid (hybrid stream-K), A and B through tensor
     descriptors (or, without ``USE_TMA``, pointers; ``FLATTEN`` and ``TMA_STORE`` need
@@ -249,6 +249,11 @@ def matmul_stream_k_kernel(
     and :func:`stream_k_sum`;
     then every program takes whole tiles of the rest as :func:`matmul_kernel`'s persistent
     form does. So no program idles through a last wave, and none waits for another.
+    ``IN_STEP``: the split tiles' K blocks are shared out so that the programs move through
+    K together (:func:`in_step_split`: each split tile's first blocks to a program of its
+    own, the rest of every split tile in runs to the other programs), where the runs above
+    start at staggered K offsets; ``SLOTS``: shares per program the partial workspace holds
+    (:func:`jax_triton_dist.tiles.stream_k_slots`; 2 without ``IN_STEP``).
     """
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -260,10 +265,16 @@ def matmul_stream_k_kernel(
         a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
                                               stride_ak, stride_bk, stride_bn, stride_cm,
                                               stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE)
-    split_tiles, block, end, share, extra = stream_k_runs(pid, programs, tiles_m * tiles_n,
-                                                         blocks)
+    split_tiles, block, end, head, heads, share, extra = stream_k_split(
+        pid, programs, tiles_m * tiles_n, blocks, IN_STEP)
+    first_tile = block // blocks  # (without IN_STEP; the tile of a run's first block)
+    if IN_STEP:
+        first_tile, _, _ = split_chunk(block, block + 1, blocks, split_tiles, head)
     while block < end:
-        tile, k_first, k_last = stream_k_chunk(block, end, blocks)
+        if IN_STEP:
+            tile, k_first, k_last = split_chunk(block, end, blocks, split_tiles, head)
+        else:
+            tile, k_first, k_last = stream_k_chunk(block, end, blocks)
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         k_start, k_end = k_columns(k_first, k_last, K, BLOCK_K, True)
         if USE_TMA:
@@ -275,12 +286,12 @@ def matmul_stream_k_kernel(
         if (k_first == 0) & (k_last == blocks):
             _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
                           BLOCK_M, BLOCK_N, TMA_STORE)
-        elif stream_k_share(acc, partial_ptr, counts_ptr, pid, tile, k_first, k_last, blocks,
-                            share, extra, BLOCK_M, BLOCK_N):
+        elif share_tile(acc, partial_ptr, counts_ptr, pid * SLOTS + tile - first_tile, tile,
+                        k_last - k_first, blocks, BLOCK_M, BLOCK_N):
             SUB: tl.constexpr = BLOCK_M // 4
             for part in range(0, 4):
-                total = stream_k_sum(partial_ptr, tile, blocks, share, extra, part * SUB,
-                                     SUB, BLOCK_M, BLOCK_N)
+                total = sum_shares(partial_ptr, tile, blocks, head, heads, share, extra,
+                                   part * SUB, SLOTS, SUB, BLOCK_M, BLOCK_N)
                 store_tile(c_ptr, total, pid_m * 4 + part, pid_n, M, N, stride_cm, stride_cn,
                            SUB, BLOCK_N)
         block += k_last - k_first
@@ -310,19 +321,45 @@ def _run_of(block, share, extra):
 
 
 @triton.jit
-def stream_k_runs(pid, programs, tiles, blocks):
+def stream_k_split(pid, programs, tiles, blocks, IN_STEP: tl.constexpr = False):
     """Stream-K's split of ``tiles`` output tiles of ``blocks`` K blocks each over
-    ``programs`` programs: ``(split_tiles, start, end, share, extra)``. The first
-    ``split_tiles`` tiles (``tiles % programs``: those of a partial last wave) are cut into
-    K blocks, numbered tile by tile; program ``pid`` takes blocks ``start:end`` (runs of
-    ``share + 1`` blocks for the first ``extra`` programs, then ``share``: at most one
-    tile's blocks, so a run meets at most two tiles). The rest go whole, ``split_tiles +
-    pid``, ``+ programs``, ..."""
+    ``programs`` programs: ``(split_tiles, start, end, head, heads, share, extra)``. The
+    first ``split_tiles`` tiles (``tiles % programs``: those of a partial last wave) are
+    cut into K blocks; program ``pid`` takes blocks ``start:end`` of their numbering
+    (:func:`split_chunk` reads a block's tile and K block) and then whole tiles
+    ``split_tiles + pid``, ``+ programs``, ... Without ``IN_STEP`` (``head`` 0) the blocks
+    are numbered tile by tile and shared out in runs of ``share + 1`` blocks to the first
+    ``extra`` programs, then ``share``: at most one tile's blocks, so a run meets at most
+    two tiles, and the runs start at staggered K offsets. ``IN_STEP``: each split tile's
+    first ``head`` blocks (``split_tiles * blocks // programs``, when that is not 0) go to a
+    program of their own (``heads`` programs, tile ``pid`` for program ``pid``), numbered
+    first; the rest of every split tile (its tail), numbered tail by tail, go in runs as
+    above to the other programs; so the programs of the split move through K in step."""
     split_tiles = tiles % programs
-    share = split_tiles * blocks // programs
-    extra = split_tiles * blocks % programs
-    return (split_tiles, _run_start(pid, share, extra), _run_start(pid + 1, share, extra),
-            share, extra)
+    head = 0
+    heads = 0
+    if IN_STEP:
+        head = split_tiles * blocks // programs
+        heads = tl.where(head > 0, split_tiles, 0)
+    tails = split_tiles * (blocks - head)
+    share = tails // (programs - heads)
+    extra = tails % (programs - heads)
+    start = pid * head
+    end = start + head
+    if pid >= heads:
+        start = heads * head + _run_start(pid - heads, share, extra)
+        end = heads * head + _run_start(pid - heads + 1, share, extra)
+    return split_tiles, start, end, head, heads, share, extra
+
+
+@triton.jit
+def stream_k_runs(pid, programs, tiles, blocks):
+    """:func:`stream_k_split` without ``IN_STEP`` (the fused kernels' split):
+    ``(split_tiles, start, end, share, extra)``; blocks numbered tile by tile
+    (:func:`stream_k_chunk`)."""
+    split_tiles, start, end, head, heads, share, extra = stream_k_split(pid, programs, tiles,
+                                                                        blocks)
+    return split_tiles, start, end, share, extra
 
 
 @triton.jit
@@ -338,46 +375,85 @@ def k_columns(k_first, k_last, K, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
 
 
 @triton.jit
+def split_chunk(block, end, blocks, split_tiles, head):
+    """``(tile, k_first, k_last)``: the tile of block ``block`` of :func:`stream_k_split`'s
+    numbering and its K blocks ``k_first:k_last`` in the run up to ``end``."""
+    heads_end = split_tiles * head
+    if block < heads_end:
+        tile = block // tl.maximum(head, 1)
+        k_first = block - tile * head
+        k_last = tl.minimum(head, k_first + end - block)
+    else:
+        tail = blocks - head
+        tile = (block - heads_end) // tail
+        k_first = head + block - heads_end - tile * tail
+        k_last = tl.minimum(blocks, k_first + end - block)
+    return tile, k_first, k_last
+
+
+@triton.jit
 def stream_k_chunk(block, end, blocks):
-    """``(tile, k_first, k_last)``: the tile of K block ``block`` and the K blocks
-    ``k_first:k_last`` of it in the run up to ``end``."""
+    """:func:`split_chunk` of the numbering tile by tile (no heads: :func:`stream_k_runs`)."""
     tile = block // blocks
     k_first = block - tile * blocks
     return tile, k_first, tl.minimum(blocks, k_first + end - block)
 
 
 @triton.jit
-def stream_k_share(acc, partial_ptr, counts_ptr, pid, tile, k_first, k_last, blocks, share,
-                   extra, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Writes program ``pid``'s float32 share ``acc`` of ``tile`` (K blocks
-    ``k_first:k_last`` of :func:`stream_k_runs`' split, not the whole tile) into its slot
-    of ``partial_ptr`` (float32 ``[programs, 2, BLOCK_M, BLOCK_N]``: its run's first and
-    second tile) and adds its block count to the tile's count (``counts_ptr``, int32 per
-    tile, zero between calls). True for the program that completes the count: it has
-    reset the count and sums the shares (:func:`stream_k_sum`). No program waits."""
+def share_tile(acc, partial_ptr, counts_ptr, slot, tile, count, blocks,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Writes a program's float32 share ``acc`` of ``tile`` (``count`` of its K blocks, not
+    all) into ``slot`` of ``partial_ptr`` (float32 ``[slots, BLOCK_M, BLOCK_N]``) and adds
+    ``count`` to the tile's count (``counts_ptr``, int32 per tile, zero between calls).
+    True for the program that completes the count: it has reset the count and sums the
+    shares (:func:`sum_shares`). No program waits."""
     offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    own = 2 * pid + (tile != _run_start(pid, share, extra) // blocks)
-    tl.store(partial_ptr + own * BLOCK_M * BLOCK_N + offsets, acc)
+    tl.store(partial_ptr + slot * BLOCK_M * BLOCK_N + offsets, acc)
     tl.debug_barrier()  # every thread's share is written before the count moves
-    done = tl.atomic_add(counts_ptr + tile, k_last - k_first, sem="acq_rel")
-    complete = done + k_last - k_first == blocks
+    done = tl.atomic_add(counts_ptr + tile, count, sem="acq_rel")
+    complete = done + count == blocks
     if complete:
         tl.atomic_xchg(counts_ptr + tile, 0, sem="relaxed")  # for the next call
     return complete
 
 
 @triton.jit
-def stream_k_sum(partial_ptr, tile, blocks, share, extra, row, ROWS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Rows ``row:row + ROWS`` of the float32 sum of ``tile``'s shares, in program order
-    (the same sum whichever program completed the tile)."""
+def stream_k_share(acc, partial_ptr, counts_ptr, pid, tile, k_first, k_last, blocks, share,
+                   extra, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`share_tile` of program ``pid``'s share of ``tile`` (K blocks
+    ``k_first:k_last`` of :func:`stream_k_runs`' split) into its slot of ``partial_ptr``
+    (float32 ``[programs, 2, BLOCK_M, BLOCK_N]``: its run's first and second tile)."""
+    slot = 2 * pid + tile - _run_start(pid, share, extra) // blocks
+    return share_tile(acc, partial_ptr, counts_ptr, slot, tile, k_last - k_first, blocks,
+                      BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def sum_shares(partial_ptr, tile, blocks, head, heads, share, extra, row, SLOTS: tl.constexpr,
+               ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows ``row:row + ROWS`` of the float32 sum of ``tile``'s shares under
+    :func:`stream_k_split`'s split (program ``p``'s shares in slots ``p * SLOTS``, ``+ 1``,
+    ... in the order of its run), head first, then the tail's runs in program order (the
+    same sum whichever program completed the tile)."""
     offsets = (row + tl.arange(0, ROWS))[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     total = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    for p in range(_run_of(tile * blocks, share, extra),
-                   _run_of(tile * blocks + blocks - 1, share, extra) + 1):
-        slot = 2 * p + (tile != _run_start(p, share, extra) // blocks)
+    if heads > 0:
+        total += tl.load(partial_ptr + tile * SLOTS * BLOCK_M * BLOCK_N + offsets,
+                         cache_modifier=".cg")
+    tail = blocks - head
+    for q in range(_run_of(tile * tail, share, extra),
+                   _run_of(tile * tail + tail - 1, share, extra) + 1):
+        slot = (heads + q) * SLOTS + tile - _run_start(q, share, extra) // tail
         total += tl.load(partial_ptr + slot * BLOCK_M * BLOCK_N + offsets, cache_modifier=".cg")
     return total
+
+
+@triton.jit
+def stream_k_sum(partial_ptr, tile, blocks, share, extra, row, ROWS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`sum_shares` of :func:`stream_k_runs`' split (two slots per program)."""
+    return sum_shares(partial_ptr, tile, blocks, 0, 0, share, extra, row, 2, ROWS, BLOCK_M,
+                      BLOCK_N)
 
 
 @triton.jit

@@ -39,14 +39,17 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
 
 
 @pytest.mark.parametrize("m,n,k,programs", [(96, 80, 208, 5), (130, 64, 96, 4),
-                                             (32, 32, 160, 3), (64, 64, 32, 16)])
+                                             (32, 32, 160, 3), (64, 64, 32, 16),
+                                             (96, 96, 512, 11)])
 @pytest.mark.parametrize("dtype", [jnp.float32,
                                    pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
 def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):
     """Stream-K (descriptors, and pointers as on Ascend): runs of K blocks that split tiles
     between programs (a tile split over two and three programs, runs that end on a tile's
     edge, programs with empty runs when there are fewer K blocks than programs), then
-    whole tiles; three calls, so the tiles' counts must be back at zero after each."""
+    whole tiles; three calls, so the tiles' counts must be back at zero after each. And
+    the in-step split (heads of their own, tails in runs that meet up to five tiles at
+    96x96x512 on 11 programs; no heads when there are fewer K blocks than programs)."""
     rng = np.random.default_rng(m * n + k)
     a = jnp.asarray(rng.standard_normal((m, k)), dtype)
     b = jnp.asarray(rng.standard_normal((k, n)), dtype)
@@ -54,7 +57,8 @@ def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):
     tol = 1e-5 if dtype == jnp.float32 else 1e-2
     tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4, "num_warps": 4,
             "num_stages": 3, "PERSISTENT": True, "USE_TMA": True, "STREAM_K": True}
-    for form in ({}, {"FLATTEN": True, "TMA_STORE": True}, {"USE_TMA": False}):
+    for form in ({}, {"FLATTEN": True, "TMA_STORE": True}, {"USE_TMA": False},
+                 {"IN_STEP": True}, {"IN_STEP": True, "USE_TMA": False}):
         config = dict(tile, **form)
         f = jax.jit(jax.shard_map(
             lambda x, y, c=config: gemm.matmul(x, y, c, programs=programs), mesh=mesh,
@@ -64,6 +68,20 @@ def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):
             ours = np.asarray(f(a, b), np.float32)
             assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < tol, form
             a, b = a * 0.5, b * 2.0 + 1.0
+
+
+def test_stream_k_slots_count_the_tiles_a_run_meets():
+    from jax_triton_dist import tiles
+
+    assert tiles.stream_k_slots(132, 352, 64) == 2
+    # 88 split tiles: heads of 42 blocks, tails of 22 in runs of 44 (two tails each)
+    assert tiles.stream_k_slots(132, 352, 64, in_step=True) == 2
+    # 120 split tiles: heads of 58, tails of 6 in runs of 60 (ten whole tails)
+    assert tiles.stream_k_slots(132, 384, 64, in_step=True) == 10
+    # 9 tiles of 32 blocks on 11 programs: heads of 26, tails of 6 in runs of 27 (five)
+    assert tiles.stream_k_slots(11, 9, 32, in_step=True) == 5
+    # fewer split blocks than programs: no heads, runs of one block
+    assert tiles.stream_k_slots(16, 1, 2, in_step=True) == 1
 
 
 def test_stream_k_configs_where_tiles_leave_a_partial_wave():
@@ -85,14 +103,15 @@ def test_stream_k_configs_where_tiles_leave_a_partial_wave():
         + tiles.split_k_configs(128, 1376, 4096) + tiles.stream_k_configs(128, 1376, 4096))
 
 
-@pytest.mark.parametrize("flatten", [False, True], ids=["tiles", "flattened-tma-store"])
-def test_stream_k_compiles_for_sm90(flatten):
+@pytest.mark.parametrize("flatten, in_step", [(False, False), (True, False), (False, True)],
+                         ids=["tiles", "flattened-tma-store", "in-step"])
+def test_stream_k_compiles_for_sm90(flatten, in_step):
     positional = ([("pointer", np.dtype(jnp.bfloat16))] * 3
                   + [("pointer", np.dtype(np.float32)), ("pointer", np.dtype(np.int32))])
     kwargs = {"M": 8192, "N": 8192, "K": 8192, "stride_am": 8192, "stride_ak": 1,
               "stride_bk": 8192, "stride_bn": 1, "stride_cm": 8192, "stride_cn": 1,
               "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
-              "FLATTEN": flatten, "TMA_STORE": flatten}
+              "FLATTEN": flatten, "TMA_STORE": flatten, "IN_STEP": in_step, "SLOTS": 3}
     signature, constexprs = cuda_compile.signature_of(matmul_stream_k_kernel, positional, kwargs)
     attrs = cuda_compile.divisibility(signature, positional, kwargs)
     ptx = cuda_compile.compile_kernel(matmul_stream_k_kernel, signature, constexprs,

@@ -157,7 +157,8 @@ def _gemm_stream_k() -> Case:
     # the large tile (128x128x32) the runs' loop overflows the unified buffer
     # (bishengir-compile: "ub overflow, requires 2111488 bits while 1572864 bits available")
     return _gemm_with_workspaces("gemm_stream_k", "matmul_stream_k_kernel", 1024, 1024, 1024,
-                                 64, {"FLATTEN": False, "TMA_STORE": False, "USE_TMA": False})
+                                 64, {"FLATTEN": False, "TMA_STORE": False, "USE_TMA": False,
+                                      "IN_STEP": False, "SLOTS": 2})
 
 
 # The fused kernels' stream-K workspaces (the shares' slots, the tiles' counts)

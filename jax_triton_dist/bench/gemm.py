@@ -52,7 +52,11 @@ def matmul(a, b, config: dict[str, Any], axis_name="x", programs: int | None = N
     if config.pop("STREAM_K", False):
         config.pop("PERSISTENT")  # stream-K is always persistent
         kernel, grid = matmul_stream_k_kernel, programs
-        workspace = [jtd.Workspace((programs, 2, config["BLOCK_M"], config["BLOCK_N"]),
+        slots = tiles.stream_k_slots(programs, tile_count, triton.cdiv(k, config["BLOCK_K"]),
+                                     config.get("IN_STEP", False))
+        if config.get("IN_STEP"):
+            config["SLOTS"] = slots
+        workspace = [jtd.Workspace((programs, slots, config["BLOCK_M"], config["BLOCK_N"]),
                                    jnp.float32), jtd.Workspace((tile_count,), jnp.int32)]
     elif "SPLIT_K" in config:
         kernel, grid = matmul_split_k_kernel, tile_count * config["SPLIT_K"]
@@ -69,13 +73,14 @@ def matmul(a, b, config: dict[str, Any], axis_name="x", programs: int | None = N
 
 
 def describe(config: dict[str, Any]) -> str:
-    """``128x128x64 w8 s3`` (+ `` persistent``, `` TMA`` or `` stream-K``; `` flattened``,
-    `` TMA store``; or `` split-K n``)."""
+    """``128x128x64 w8 s3`` (+ `` persistent``, `` TMA`` or `` stream-K`` [`` in-step``];
+    `` flattened``, `` TMA store``; or `` split-K n``)."""
     text = (f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} "
             f"w{config['num_warps']} s{config['num_stages']}")
     if config.get("SPLIT_K"):
         return text + f" split-K {config['SPLIT_K']}"
-    forms = ((" stream-K" + ("" if config["USE_TMA"] else " pointers")
+    forms = ((" stream-K" + (" in-step" if config.get("IN_STEP") else "")
+              + ("" if config["USE_TMA"] else " pointers")
               if config.get("STREAM_K") else
               (" persistent" if config["PERSISTENT"] else "")
               + (" TMA" if config.get("USE_TMA") else ""))
