@@ -48,7 +48,7 @@ def close(got, want, dtype):
         np.max(np.abs(got - want))
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+@pytest.mark.parametrize("ranks", [1, 2, 4, pytest.param(8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_matches_the_reference(ranks, causal):
     q, k, v = qkv(2, 6 * ranks, 4, 2, 16, jnp.float32, seed=ranks)
@@ -121,8 +121,8 @@ BLOCK_CONFIGS = [((16, 16, False, True), False, "contiguous"),
                  ((16, 16, True, True), True, "contiguous"),
                  ((32, 16, True, True), True, "zigzag"),
                  ((16, 32, False, True), True, "zigzag"),
-                 ((16, 16, False, False), True, "contiguous"),
-                 ((32, 16, False, False), False, "zigzag")]
+                 pytest.param((16, 16, False, False), True, "contiguous", marks=pytest.mark.slow),
+                 pytest.param((32, 16, False, False), False, "zigzag", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("config, causal, layout", BLOCK_CONFIGS,

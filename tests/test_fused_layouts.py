@@ -145,7 +145,7 @@ def _seq_case(op, shape, axis, x_spec, out_spec, ranks, seed, dtype=jnp.float32)
 
 @pytest.mark.parametrize("case", SEQ_CASES, ids=[f"{c[0]}-{len(c[1])}d-axis{c[2]}"
                                                  for c in SEQ_CASES])
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_leading_batch_dimensions_match_lax(case, ranks):
     op, shape, axis, x_spec, out_spec, ref = case
     x, w, mesh, w_spec, kwarg = _seq_case(op, shape, axis, x_spec, out_spec, ranks, ranks)
@@ -196,8 +196,11 @@ ACTS = {"relu": jax.nn.relu, "silu": jax.nn.silu,
 
 
 @pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter"])
-@pytest.mark.parametrize("activation", ["relu", "silu", "gelu", "gelu_tanh", None])
-@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("activation, with_bias", [
+    *((activation, True) for activation in ["relu", "silu", "gelu", "gelu_tanh", None]),
+    (None, False),  # each activation without a bias: with -m slow
+    *(pytest.param(activation, False, marks=pytest.mark.slow)
+      for activation in ["relu", "silu", "gelu", "gelu_tanh"])])
 def test_epilogue_matches_lax_with_gradients(op, activation, with_bias):
     if activation is None and not with_bias:
         pytest.skip("no epilogue")

@@ -5,6 +5,8 @@ the compiled program still runs the project's kernels, with no XLA collective, a
 and jvp.
 """
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import jax.test_util
@@ -38,6 +40,15 @@ OPS = {
     "all_to_all": (lambda lax, v, a: lax.all_to_all(v, a, 0, 1), True, True),
     "all_to_all_tiled": (lambda lax, v, a: lax.all_to_all(v, a, 1, 0, tiled=True), True, True),
 }
+
+
+def cases(names, *axes, fast):
+    """Every combination of ``axes`` (lists of parameter values, named by the comma-separated
+    ``names``), those not in ``fast`` marked slow (``pytest -m slow`` runs them: the default
+    run keeps a representative part of each family)."""
+    combos = itertools.product(*axes)
+    return pytest.mark.parametrize(names, [
+        pytest.param(*c, marks=() if c in fast else pytest.mark.slow) for c in combos])
 
 
 def setup(mesh_name, per_device_rows=None, seed=0, dtype=np.float32, batch=()):
@@ -83,8 +94,9 @@ def test_vmap_over_shard_map(op, mesh_name, in_axis):
     assert_same(*both(program), exact=exact, per_shard=False)
 
 
-@pytest.mark.parametrize("mesh_name", sorted(MESHES))
-@pytest.mark.parametrize("op", sorted(op for op in OPS if OPS[op][2]))
+@cases("op, mesh_name", sorted(op for op in OPS if OPS[op][2]), sorted(MESHES),
+       fast={*((op, "x4") for op in OPS), ("psum", "dp_tp_of_2x4"),
+             ("all_to_all", "dp_tp_of_2x4"), ("psum_scatter_tiled", "tp_of_2x4")})
 def test_jvp_and_linearize(op, mesh_name):
     fn, exact, _ = OPS[op]
     mesh, axes, spec, x = setup(mesh_name, seed=3)
@@ -97,9 +109,8 @@ def test_jvp_and_linearize(op, mesh_name):
     assert_same(*both(program), exact=exact)
 
 
-@pytest.mark.parametrize("mesh_name", [
-    "x4", pytest.param("dp_tp_of_2x4", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("op", sorted(op for op in OPS if OPS[op][2]))
+@cases("op, mesh_name", sorted(op for op in OPS if OPS[op][2]), ["x4", "dp_tp_of_2x4"],
+       fast={("psum", "x4"), ("all_gather_tiled", "x4"), ("all_to_all_tiled", "x4")})
 def test_check_grads_both_modes_second_order(op, mesh_name):
     fn, _, _ = OPS[op]
     mesh, axes, spec, x = setup(mesh_name, seed=5)
@@ -217,8 +228,14 @@ def _dtype_case(op, dtype):
     assert_same(ref, ours, exact=exact or not jnp.issubdtype(np.dtype(dtype), jnp.inexact))
 
 
+# The default run moves every op in these; the rest of MOVED with -m slow.
+_COMMON = {np.bool_, np.int8, np.uint8, np.int32, np.float16, ml_dtypes.bfloat16, np.float32,
+           np.complex64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2}
+
+
 @pytest.mark.parametrize("op", sorted(OPS))
-@pytest.mark.parametrize("dtype", MOVED, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", [d if d in _COMMON else pytest.param(d, marks=pytest.mark.slow)
+                                   for d in MOVED], ids=lambda d: np.dtype(d).name)
 def test_every_dtype(op, dtype):
     if np.dtype(dtype).kind == "c" and op in ("pmax", "pmin"):
         with pytest.raises(TypeError, match="not defined on complex"):
@@ -293,9 +310,8 @@ def _fused_fn(mesh, fn, axes, x_spec, w_spec, out_spec):
                                  in_specs=(x_spec, w_spec), out_specs=out_spec))
 
 
-@pytest.mark.parametrize("mesh_name", [
-    "x4", pytest.param("tp_of_2x4", marks=pytest.mark.slow), "dp_tp_of_2x4"])
-@pytest.mark.parametrize("name", sorted(FUSED))
+@cases("name, mesh_name", sorted(FUSED), ["x4", "tp_of_2x4", "dp_tp_of_2x4"],
+       fast={*((name, "x4") for name in FUSED), ("all_gather_matmul", "dp_tp_of_2x4")})
 def test_fused_values_and_jvp(name, mesh_name):
     mesh, axes, ours, reference, xs, ws, outs, x, w = fused_setup(name, mesh_name, 20)
     f, g = (_fused_fn(mesh, fn, axes, xs, ws, outs) for fn in (ours, reference))

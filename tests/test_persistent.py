@@ -101,7 +101,7 @@ def test_matmul_all_reduce(persistent, ranks):
 
 
 @pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.float32),
-                                         (2, jnp.bfloat16)])
+                                         pytest.param(2, jnp.bfloat16, marks=pytest.mark.slow)])
 def test_weights_stored_nk(persistent, ranks, dtype):
     """``[N, K]`` weights (``w_layout="nk"``): read through their own descriptors
     (``[BLOCK_N, BLOCK_K]`` blocks transposed for the product) or pointers, in all three
