@@ -250,7 +250,7 @@ def matmul_stream_k_kernel(
     then every program takes whole tiles of the rest as :func:`matmul_kernel`'s persistent
     form does. So no program idles through a last wave, and none waits for another.
     ``IN_STEP``: the split tiles' K blocks are shared out so that the programs move through
-    K together (:func:`in_step_split`: each split tile's first blocks to a program of its
+    K together (:func:`stream_k_split`: each split tile's first blocks to a program of its
     own, the rest of every split tile in runs to the other programs), where the runs above
     start at staggered K offsets; ``SLOTS``: shares per program the partial workspace holds
     (:func:`jax_triton_dist.tiles.stream_k_slots`; 2 without ``IN_STEP``).

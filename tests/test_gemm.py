@@ -40,7 +40,8 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
 
 @pytest.mark.parametrize("m,n,k,programs", [(96, 80, 208, 5), (130, 64, 96, 4),
                                              (32, 32, 160, 3), (64, 64, 32, 16),
-                                             (96, 96, 512, 11)])
+                                             pytest.param(96, 96, 512, 11,
+                                                          marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dtype", [jnp.float32,
                                    pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
 def test_stream_k_matches_jnp_dot(m, n, k, programs, dtype):

@@ -81,10 +81,10 @@ RETRACE_LOOP = """
 """
 
 
-@pytest.mark.parametrize("retraces, heap", [(60, "8M"),
+@pytest.mark.parametrize("retraces, heap", [(40, "8M"),
                                              pytest.param(300, "32M", marks=pytest.mark.slow)])
 def test_retraces_fit_a_small_heap(retraces, heap):
-    # Each site's region is about 260 KiB: 60 of them would need 15 MiB if none were
+    # Each site's region is about 260 KiB: 40 of them would need 10 MiB if none were
     # freed, 300 76 MiB.
     done = _run_script(RETRACE_LOOP, str(retraces), "16384", devices=2,
                        env={shmem.HEAP_SIZE_ENV: heap}, timeout=600)
