@@ -129,7 +129,11 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     the configs of the GEMM tile kernel (``kernels/gemm.py``), whose persistent ``USE_TMA``
     configs also come in forms the fused kernels (tile loops that wait on flags, stores
     that go to peers) lack: ``FLATTEN`` (its tile and K loops pipelined as one) and
-    ``TMA_STORE`` (output tiles stored through a descriptor), each and both. ``stream_k``:
+    ``TMA_STORE`` (output tiles stored through a descriptor), each and both; and those of
+    8 warps (the large tiles) in ``WARP_SPECIALIZE`` forms, with and without
+    ``TMA_STORE`` (``num_warps`` 4: Triton 3.6 warp-specializes a Hopper kernel compiled
+    with 4 warps only, and runs it with 12 — a producer and two consumer warp groups).
+    ``stream_k``:
     each persistent config also comes with ``STREAM_K`` (the tiles of a partial last wave
     shared out by K blocks: ``kernels/gemm.py``'s ``stream_k_runs``) where its tiles leave
     a partial last wave of :func:`fill_programs` programs. Configs whose 2-byte operands
@@ -153,8 +157,13 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
             configs += [dict(c, FLATTEN=True) for c in persistent]
             configs += [dict(c, TMA_STORE=True, FLATTEN=flat) for flat in (False, True)
                         for c in persistent]
+            configs += [dict(c, num_warps=4, WARP_SPECIALIZE=True, TMA_STORE=store)
+                        for store in (False, True) for c in configs
+                        if c["USE_TMA"] and c["num_warps"] == 8 and not c.get("FLATTEN")
+                        and not c.get("TMA_STORE")]
     if stream_k:
-        configs += [dict(c, STREAM_K=True) for c in configs if c["PERSISTENT"] and (
+        configs += [dict(c, STREAM_K=True) for c in configs if c["PERSISTENT"]
+                    and not c.get("WARP_SPECIALIZE") and (
             copies * triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])
             % _FILL_PROGRAMS[target])]
     # bf16 / f16 operands must fit (float32 ones that do not are skipped when tuning)

@@ -34,13 +34,20 @@ def weight_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K: tl.constexpr,
 @triton.jit
 def matmul_tile_tma(a_desc, b_desc, row, col, k_start, k_end,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    B_NK: tl.constexpr = False):
+                    B_NK: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False):
     """``A[row:row + BLOCK_M, k_start:k_end] @ B[k_start:k_end, col:col + BLOCK_N]``
     accumulated in float32 (``k_start`` a multiple of ``BLOCK_K``; ``0, K`` for the whole
     tile), A and B read through descriptors (A's blocks ``[BLOCK_M, BLOCK_K]``; B's as
-    :func:`weight_descriptor` makes them for ``B_NK``; blocks past K read as zeros)."""
+    :func:`weight_descriptor` makes them for ``B_NK``; blocks past K read as zeros).
+
+    ``WARP_SPECIALIZE``: the K loop is warp-specialized — on sm_90 Triton 3.6 does it for
+    kernels compiled with ``num_warps=4`` only, and then gives the kernel a producer warp
+    group issuing the bulk tensor loads and two consumer warp groups splitting the tile's
+    rows (12 warps in all), as cuBLAS's Hopper kernels are built; with other warp counts,
+    or a run-time ``if`` that has an ``else`` anywhere in the kernel, the loop stays as it
+    is (checked by ``tests/test_cuda_compile.py``)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
+    for k in tl.range(k_start, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         b = b_desc.load([col, k]).T if B_NK else b_desc.load([k, col])
         acc = tl.dot(a_desc.load([row, k]), b, acc)
     return acc
@@ -145,6 +152,7 @@ def matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
     FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     """``C = A @ B``, one output tile per program in grouped (L2-friendly) order; or
     (``PERSISTENT``) fewer programs, each looping over tiles ``program, program + programs,
@@ -154,7 +162,8 @@ def matmul_kernel(
     loop, so a tile's first loads overlap the previous tile's last MMAs and its store.
     ``TMA_STORE`` (with ``USE_TMA``): output tiles go out through a descriptor of C (a bulk
     asynchronous copy from shared memory, clipped at the edges) instead of per-thread
-    stores."""
+    stores. ``WARP_SPECIALIZE`` (with ``USE_TMA``, not ``FLATTEN``; ``num_warps=4``): the
+    K loop warp-specialized (:func:`matmul_tile_tma`)."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     step = tl.num_programs(0) if PERSISTENT else tiles_m * tiles_n
@@ -163,7 +172,8 @@ def matmul_kernel(
                                               stride_ak, stride_bk, stride_bn, stride_cm,
                                               stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE)
         _tma_tiles(a_desc, b_desc, c_desc, c_ptr, tl.program_id(0), step, M, N, K, stride_cm,
-                   stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE)
+                   stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE,
+                   WARP_SPECIALIZE)
     else:
         _pointer_tiles(a_ptr, b_ptr, c_ptr, tl.program_id(0), step, M, N, K, stride_am,
                        stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
@@ -212,15 +222,17 @@ def _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
 @triton.jit
 def _tma_tiles(a_desc, b_desc, c_desc, c_ptr, first, step, M, N, K, stride_cm, stride_cn,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr):
+               GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
+               WARP_SPECIALIZE: tl.constexpr):
     """Whole tiles ``first, first + step, ...`` of the grouped order, read through
-    descriptors (``FLATTEN``: the tile and K loops pipelined as one)."""
+    descriptors (``FLATTEN``: the tile and K loops pipelined as one; ``WARP_SPECIALIZE``:
+    the K loop warp-specialized)."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(first, tiles_m * tiles_n, step, flatten=FLATTEN):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
-                              BLOCK_M, BLOCK_N, BLOCK_K)
+                              BLOCK_M, BLOCK_N, BLOCK_K, False, WARP_SPECIALIZE)
         _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
                       BLOCK_M, BLOCK_N, TMA_STORE)
 
@@ -297,7 +309,8 @@ def matmul_stream_k_kernel(
         block += k_last - k_first
     if USE_TMA:
         _tma_tiles(a_desc, b_desc, c_desc, c_ptr, split_tiles + pid, programs, M, N, K,
-                   stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE)
+                   stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE,
+                   False)
     else:
         _pointer_tiles(a_ptr, b_ptr, c_ptr, split_tiles + pid, programs, M, N, K, stride_am,
                        stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
