@@ -130,9 +130,10 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     configs also come in forms the fused kernels (tile loops that wait on flags, stores
     that go to peers) lack: ``FLATTEN`` (its tile and K loops pipelined as one) and
     ``TMA_STORE`` (output tiles stored through a descriptor), each and both; and those of
-    8 warps (the large tiles) in ``WARP_SPECIALIZE`` forms, with and without
-    ``TMA_STORE`` (``num_warps`` 4: Triton 3.6 warp-specializes a Hopper kernel compiled
-    with 4 warps only, and runs it with 12 — a producer and two consumer warp groups).
+    8 warps (the large tiles) in ``WARP_SPECIALIZE`` forms, with ``TMA_STORE`` (which they
+    need: ``kernels/gemm.py``) and ``num_warps`` 4 (Triton 3.6 warp-specializes a Hopper
+    kernel compiled with 4 warps only, and runs it with 12: a producer and two consumer
+    warp groups).
     ``stream_k``:
     each persistent config also comes with ``STREAM_K`` (the tiles of a partial last wave
     shared out by K blocks: ``kernels/gemm.py``'s ``stream_k_runs``) where its tiles leave
@@ -157,10 +158,9 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
             configs += [dict(c, FLATTEN=True) for c in persistent]
             configs += [dict(c, TMA_STORE=True, FLATTEN=flat) for flat in (False, True)
                         for c in persistent]
-            configs += [dict(c, num_warps=4, WARP_SPECIALIZE=True, TMA_STORE=store)
-                        for store in (False, True) for c in configs
-                        if c["USE_TMA"] and c["num_warps"] == 8 and not c.get("FLATTEN")
-                        and not c.get("TMA_STORE")]
+            configs += [dict(c, num_warps=4, WARP_SPECIALIZE=True, TMA_STORE=True)
+                        for c in configs if c["USE_TMA"] and c["num_warps"] == 8
+                        and not c.get("FLATTEN") and not c.get("TMA_STORE")]
     if stream_k:
         configs += [dict(c, STREAM_K=True) for c in configs if c["PERSISTENT"]
                     and not c.get("WARP_SPECIALIZE") and (

@@ -162,8 +162,14 @@ def matmul_kernel(
     loop, so a tile's first loads overlap the previous tile's last MMAs and its store.
     ``TMA_STORE`` (with ``USE_TMA``): output tiles go out through a descriptor of C (a bulk
     asynchronous copy from shared memory, clipped at the edges) instead of per-thread
-    stores. ``WARP_SPECIALIZE`` (with ``USE_TMA``, not ``FLATTEN``; ``num_warps=4``): the
-    K loop warp-specialized (:func:`matmul_tile_tma`)."""
+    stores. ``WARP_SPECIALIZE`` (with ``USE_TMA`` and ``TMA_STORE``, not ``FLATTEN``;
+    ``num_warps=4``): the K loop warp-specialized (:func:`matmul_tile_tma`). It needs
+    ``TMA_STORE``: on an H100 with Triton 3.6 the warp-specialized tile stored through
+    per-thread stores gave wrong products (relative error 0.7-1.1 at every benchmark shape,
+    BENCHMARKS.md), through the descriptor the right ones."""
+    tl.static_assert(TMA_STORE or not WARP_SPECIALIZE,
+                     "matmul_kernel: WARP_SPECIALIZE needs TMA_STORE (Triton 3.6 on sm_90 "
+                     "miscompiles the warp-specialized tile's per-thread stores)")
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     step = tl.num_programs(0) if PERSISTENT else tiles_m * tiles_n

@@ -61,6 +61,21 @@ def test_gemm_benchmark_times_only_chosen_configs(tmp_path):
     assert [c["config"] for c in row["configs"]] == [gemm.describe(c) for c in chosen]
 
 
+def test_gemm_benchmark_never_chooses_a_config_with_a_wrong_product(monkeypatch, capsys):
+    """A config whose product is wrong (here: the second timed one, made wrong by the
+    error measure) is reported and left out of the best, however fast it ran."""
+    from jax_triton_dist.bench import gemm
+
+    errors = iter([1e-6, 0.9, 1e-6, 1e-6])
+    monkeypatch.setattr(gemm, "_relative_error", lambda out, ref: next(errors))
+    (row,) = gemm.run([(32, 48, 16)], iters=1, dtype="float32", platform="cpu",
+                      only=["persistent TMA flattened", "split-K 2"])
+    wrong = row["configs"][1]["config"]
+    assert row["wrong"] == [wrong] and row["best_config"] != wrong
+    assert row["best_us"] == min(c["us"] for c in row["configs"] if c["config"] != wrong)
+    assert f"{wrong}: WRONG RESULT" in capsys.readouterr().out
+
+
 def test_attention_benchmark_on_cpu(tmp_path, monkeypatch, capsys):
     from jax_triton_dist.bench import attention
 

@@ -29,8 +29,8 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
         configs += [dict(tile, PERSISTENT=True, USE_TMA=True, FLATTEN=True)]
         configs += [dict(tile, PERSISTENT=True, USE_TMA=True, FLATTEN=f, TMA_STORE=True)
                     for f in (False, True)]
-        configs += [dict(tile, PERSISTENT=p, USE_TMA=True, WARP_SPECIALIZE=True, TMA_STORE=s)
-                    for p, s in ((False, False), (True, True))]
+        configs += [dict(tile, PERSISTENT=p, USE_TMA=True, WARP_SPECIALIZE=True, TMA_STORE=True)
+                    for p in (False, True)]
     for config in configs:
         f = jax.jit(jax.shard_map(lambda x, y, c=config: gemm.matmul(x, y, c), mesh=mesh,
                                   in_specs=(P(), P()), out_specs=P(), check_vma=False))
@@ -153,11 +153,7 @@ def test_flattened_persistent_tma_tile_compiles_for_sm90(tma_store):
     assert ("cp.async.bulk.tensor.2d.global.shared" in ptx) == tma_store
 
 
-@pytest.mark.parametrize("persistent, tma_store", [(False, False), (True, True)])
-def test_warp_specialized_tile_compiles_for_sm90(persistent, tma_store):
-    """``WARP_SPECIALIZE`` with ``num_warps=4``: Triton partitions the K loop (a producer
-    warp group and two consumer groups: 12 warps, registers moved between them); with 8
-    warps it leaves the loop as it is, which is why the WS configs are compiled with 4."""
+def _ws_tile(persistent: bool, tma_store: bool):
     positional = [("pointer", np.dtype(jnp.bfloat16))] * 3
     kwargs = {"M": 8192, "N": 1376, "K": 4096, "stride_am": 4096, "stride_ak": 1,
               "stride_bk": 1376, "stride_bn": 1, "stride_cm": 1376, "stride_cn": 1,
@@ -165,7 +161,15 @@ def test_warp_specialized_tile_compiles_for_sm90(persistent, tma_store):
               "PERSISTENT": persistent, "USE_TMA": True, "TMA_STORE": tma_store,
               "WARP_SPECIALIZE": True}
     signature, constexprs = cuda_compile.signature_of(matmul_kernel, positional, kwargs)
-    attrs = cuda_compile.divisibility(signature, positional, kwargs)
+    return signature, constexprs, cuda_compile.divisibility(signature, positional, kwargs)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
+def test_warp_specialized_tile_compiles_for_sm90(persistent):
+    """``WARP_SPECIALIZE`` with ``num_warps=4``: Triton partitions the K loop (a producer
+    warp group and two consumer groups: 12 warps, registers moved between them); with 8
+    warps it leaves the loop as it is, which is why the WS configs are compiled with 4."""
+    signature, constexprs, attrs = _ws_tile(persistent, True)
     for warps, specialized in ((4, True), (8, False)):
         compiled = cuda_compile.compile_kernel(matmul_kernel, signature, constexprs,
                                                attrs=attrs, num_warps=warps, num_stages=3)
@@ -173,6 +177,13 @@ def test_warp_specialized_tile_compiles_for_sm90(persistent, tma_store):
         assert ("setmaxnreg" in compiled.asm["ptx"]) == specialized
         assert compiled.metadata.num_warps == (12 if specialized else warps)
         assert "wgmma.mma_async" in compiled.asm["ptx"]
+
+
+def test_warp_specialized_tile_without_tma_store_is_refused():
+    signature, constexprs, attrs = _ws_tile(True, False)
+    with pytest.raises(Exception, match="WARP_SPECIALIZE needs TMA_STORE"):
+        cuda_compile.compile_kernel(matmul_kernel, signature, constexprs, attrs=attrs,
+                                    num_warps=4, num_stages=3)
 
 
 def test_gemm_benchmark_rows():
@@ -199,8 +210,8 @@ def test_tma_configs_only_where_rows_are_aligned():
     # then the warp-specialized forms of the 8-warp descriptor configs, compiled with 4
     wide = [c for c in both if c["USE_TMA"] and c["num_warps"] == 8]
     assert wide and tile[len(both) + len(shaped):] == [
-        form for store in (False, True) for c in wide
-        if fits(form := dict(c, num_warps=4, WARP_SPECIALIZE=True, TMA_STORE=store))]
+        form for c in wide
+        if fits(form := dict(c, num_warps=4, WARP_SPECIALIZE=True, TMA_STORE=True))]
     # 128x256x64 with 4 stages fits (192 KiB) but not with the output's staging buffer
     deep = [c for c in persistent if c["BLOCK_N"] == 256 and c["num_stages"] == 4]
     assert deep and all(dict(c, TMA_STORE=True, FLATTEN=f) not in tile
