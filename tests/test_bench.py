@@ -76,6 +76,27 @@ def test_gemm_benchmark_never_chooses_a_config_with_a_wrong_product(monkeypatch,
     assert f"{wrong}: WRONG RESULT" in capsys.readouterr().out
 
 
+def test_timeline_summary_reads_spans_skew_and_waits():
+    from jax_triton_dist.bench.overlap import timeline_summary
+
+    def ev(pe, program, t_us, kind, epoch=2):
+        return {"pe": pe, "program": program, "time_ns": int(t_us * 1000), "kind": kind,
+                "epoch": epoch}
+
+    events = [ev(0, 0, 0, "PROGRAM_START", 1), ev(0, 0, 999, "PROGRAM_END", 1),  # older call
+              ev(0, 0, 10, "PROGRAM_START"), ev(0, 0, 20, "WAIT_START"),
+              ev(0, 0, 50, "WAIT_END"), ev(0, 0, 60, "WAIT_START"), ev(0, 0, 70, "WAIT_END"),
+              ev(0, 0, 110, "PROGRAM_END"),
+              ev(1, 0, 40, "PROGRAM_START"), ev(1, 0, 100, "PROGRAM_END"),
+              ev(1, 1, 45, "PROGRAM_START"), ev(1, 1, 160, "PROGRAM_END")]
+    summary = timeline_summary(events)
+    assert summary == pytest.approx({"span_us": 150.0, "skew_us": 30.0,
+                                     "program_us": (100 + 60 + 115) / 3,
+                                     "wait_us": 40 / 3, "wait_max_us": 40.0})
+    with pytest.raises(ValueError, match="no timeline events"):
+        timeline_summary([])
+
+
 def test_attention_benchmark_on_cpu(tmp_path, monkeypatch, capsys):
     from jax_triton_dist.bench import attention
 

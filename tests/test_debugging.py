@@ -162,6 +162,13 @@ def test_timeline_shows_peers_waiting_for_a_straggler(straggler):
                for pe in range(4)}
     assert longest[3] > 2e5  # µs: rank 3 waits for rank 2's data
     assert longest[2] < longest[3]
+    # The overlap benchmark's reading of the same events (its latest epoch: the second run)
+    from jax_triton_dist.bench.overlap import timeline_summary
+
+    summary = timeline_summary(rec.events)
+    assert summary["wait_max_us"] == pytest.approx(longest[3], rel=1e-3)
+    assert 0 <= summary["wait_us"] < summary["wait_max_us"] <= summary["span_us"]
+    assert 0 < summary["program_us"] <= summary["span_us"] and summary["skew_us"] >= 0
 
 
 def test_timeline_counts_events_beyond_its_capacity(monkeypatch):

@@ -60,6 +60,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     overlap.add_argument("--sizes", type=int, nargs="+", default=[1 << 16, 1 << 20, 4 << 20],
                          help="bytes per rank of the all_gather part")
     overlap.add_argument("--iters", type=int, default=10)
+    overlap.add_argument("--parts", nargs="+", default=["fused", "collectives"],
+                         choices=["fused", "collectives", "waits"],
+                         help="waits: the fused ops and their GEMMs timed from the inside "
+                         "(intra-kernel timeline: spans, launch skew, program times, waits)")
     overlap.add_argument("--json", default="bench_overlap.json", help="output JSON path")
     att = sub.add_parser("attention", help="sequence-parallel attention and flash-decode at "
                          "world size 1 vs jax.nn.dot_product_attention (XLA, cuDNN)")
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         device = jax.devices("gpu")[0]
         print(f"one-GPU overlap proxy on {device.device_kind}: ranks share the GPU (not "
               f"NVLink), median makespan of {args.iters}")
-        rows = overlap.run(args.ranks, args.iters, args.sizes)
+        rows = overlap.run(args.ranks, args.iters, args.sizes, tuple(args.parts))
         timing.print_parts(rows, overlap.COLUMNS)
         timing.write_json(args.json, "overlap", rows)
         return

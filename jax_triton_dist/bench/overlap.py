@@ -15,11 +15,20 @@ GEMM alone with the same tiles, and both autotuned over the same persistent form
 op's GEMM configs (*tuned*: the ranks choose together before the timed calls; fused op
 and GEMM may settle on different tiles, so the tuned ratio compares the best of each).
 Times are makespans: from an event before the ranks' launches to the last rank's end.
+
+The *waits* part splits that ratio (``--parts waits``): one call of each fused op and of
+the GEMM alone (fixed tiles) run inside ``jtd.timeline.record``, and the programs' own
+clocks give the span from the first program's start to the last one's end, the spread of
+the ranks' first starts (launch skew), the mean time a program ran, and the time programs
+spent in ``dl.wait`` (mean and max per program) — so a fused op's extra time shows up as
+waiting for peers, or as programs that ran longer (peer reads, exchange stores, the ranks'
+memory traffic).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from typing import Any
 
 import jax.numpy as jnp
@@ -229,9 +238,88 @@ def _copy_makespan(drv, world: int, size: int, iters: int, device: int = 0) -> f
             drv.free(device, buf)
 
 
-def run(worlds: list[int], iters: int, sizes: list[int]) -> list[dict[str, Any]]:
-    """Both parts; needs a GPU."""
-    return fused(worlds, iters) + collectives(worlds, sizes, iters)
+def timeline_summary(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Microseconds read off one call's timeline events (``jtd.timeline.Recording.events``;
+    the latest epoch's when there are several): ``span_us`` (first program start to last
+    program end, every rank), ``skew_us`` (spread of the ranks' first program starts),
+    ``program_us`` (mean program run time), ``wait_us`` / ``wait_max_us`` (mean and max
+    over programs of the time spent in ``dl.wait``)."""
+    if not events:
+        raise ValueError("no timeline events: was the launch timed?")
+    epoch = max(e["epoch"] for e in events)
+    spans: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)
+    waited: dict[tuple[int, int], int] = defaultdict(int)
+    for e in sorted((e for e in events if e["epoch"] == epoch), key=lambda e: e["time_ns"]):
+        key = (e["pe"], e["program"])
+        if e["kind"] == "PROGRAM_START":
+            spans[key]["start"] = e["time_ns"]
+        elif e["kind"] == "PROGRAM_END":
+            spans[key]["end"] = e["time_ns"]
+        elif e["kind"] == "WAIT_START":
+            spans[key]["wait"] = e["time_ns"]
+        elif e["kind"] == "WAIT_END" and "wait" in spans[key]:
+            waited[key] += e["time_ns"] - spans[key].pop("wait")
+    done = {k: v for k, v in spans.items() if "start" in v and "end" in v}
+    if not done:
+        raise ValueError(f"no program both started and ended in epoch {epoch}")
+    first = defaultdict(lambda: float("inf"))
+    for (pe, _), v in done.items():
+        first[pe] = min(first[pe], v["start"])
+    waits = [waited[k] for k in done]
+    return {"span_us": (max(v["end"] for v in done.values())
+                        - min(v["start"] for v in done.values())) / 1e3,
+            "skew_us": (max(first.values()) - min(first.values())) / 1e3,
+            "program_us": statistics.mean(v["end"] - v["start"] for v in done.values()) / 1e3,
+            "wait_us": statistics.mean(waits) / 1e3, "wait_max_us": max(waits) / 1e3}
+
+
+def _timeline_of(job: dict[str, Any], world: int, programs: int, num_warps: int
+                 ) -> tuple[dict[str, float], int]:
+    """:func:`timeline_summary` of the second of two calls of ``job`` (the first warms the
+    caches), and the events dropped for lack of room."""
+    from jax_triton_dist import timeline
+
+    kernel = job.pop("kernel")
+    with timeline.record() as recording:
+        one_gpu.run_ranks(kernel, world, grid=(programs,), calls=2, num_warps=num_warps,
+                          **job)
+    return timeline_summary(recording.events), recording.dropped
+
+
+def waits(worlds: list[int]) -> list[dict[str, Any]]:
+    """Each fused op and its GEMM alone (fixed tiles) at each rank count, timed from the
+    inside (:func:`timeline_summary`)."""
+    rows = []
+    for op in SHAPES:
+        for world in worlds:
+            programs = max(1, tiles.fill_programs() // world)
+            fused_t, dropped = _timeline_of(_fused_job(op, world, programs), world, programs,
+                                            WARPS[op])
+            gemm_t, gemm_dropped = _timeline_of(_gemm_job(op), world, programs, WARPS[op])
+            m, n, k = SHAPES[op]
+            rows.append({"bench": "waits", "op": op, "ranks": world, "shape": f"{m}x{n}x{k}",
+                         **fused_t, "gemm_span_us": gemm_t["span_us"],
+                         "gemm_skew_us": gemm_t["skew_us"],
+                         "gemm_program_us": gemm_t["program_us"],
+                         "program_ratio": fused_t["program_us"] / gemm_t["program_us"],
+                         "dropped_events": dropped + gemm_dropped})
+    return rows
+
+
+PARTS = ("fused", "collectives", "waits")
+
+
+def run(worlds: list[int], iters: int, sizes: list[int],
+        parts: tuple[str, ...] = ("fused", "collectives")) -> list[dict[str, Any]]:
+    """The chosen parts (:data:`PARTS`); needs a GPU."""
+    rows = []
+    if "fused" in parts:
+        rows += fused(worlds, iters)
+    if "collectives" in parts:
+        rows += collectives(worlds, sizes, iters)
+    if "waits" in parts:
+        rows += waits(worlds)
+    return rows
 
 
 COLUMNS = {
@@ -240,6 +328,12 @@ COLUMNS = {
               ("gemm_us", "GEMM table us", ".1f"), ("ratio", "table/GEMM", ".3f"),
               ("tuned_us", "tuned us", ".1f"), ("gemm_tuned_us", "GEMM tuned us", ".1f"),
               ("tuned_ratio", "tuned/GEMM tuned", ".3f")],
+    "waits": [("op", "op", ""), ("ranks", "ranks", "d"), ("span_us", "span us", ".1f"),
+              ("gemm_span_us", "GEMM span us", ".1f"), ("skew_us", "skew us", ".1f"),
+              ("gemm_skew_us", "GEMM skew us", ".1f"), ("program_us", "program us", ".1f"),
+              ("gemm_program_us", "GEMM program us", ".1f"),
+              ("program_ratio", "program/GEMM", ".3f"), ("wait_us", "wait us", ".1f"),
+              ("wait_max_us", "wait max us", ".1f"), ("dropped_events", "dropped", "d")],
     "collective": [("op", "op", ""), ("ranks", "ranks", "d"), ("bytes", "bytes/rank", "d"),
                    ("ours_us", "ours us", ".1f"), ("copy_us", "copies us", ".1f"),
                    ("ratio", "ours/copies", ".3f")],
