@@ -127,7 +127,7 @@ def _gemm() -> Case:
         {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16"},
         {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
         dict(config, stride_ak=1, stride_bn=1, stride_cn=1, PERSISTENT=False, USE_TMA=False,
-             FLATTEN=False, TMA_STORE=False),
+             FLATTEN=False, TMA_STORE=False, WARP_SPECIALIZE=False),
         Expected(0, 0))
 
 
