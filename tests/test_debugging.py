@@ -196,6 +196,24 @@ def test_timeline_environment_variable_writes_the_trace_at_exit(tmp_path):
     _check_trace(json.loads(path.read_text()), [0, 1])
 
 
+def test_timed_kernel_with_defaulted_parameters_compiles():
+    """The fused kernels have defaulted constexprs (PERSISTENT, STREAM_K, ...): Triton
+    evaluates every default of the timed wrapper's source, so they must be written there
+    as it can read them (before, any timed fused kernel failed to compile for the GPU)."""
+    from jax_triton_dist.kernels.gemm_collectives import all_gather_matmul_kernel
+
+    bf16, f32, i32 = np.dtype(jnp.bfloat16), np.dtype("float32"), np.dtype("int32")
+    sig, constexprs = signature_of(
+        all_gather_matmul_kernel, [("pointer", t) for t in (bf16, bf16, bf16, bf16, i32, f32,
+                                                            i32)],
+        {"m": 1024, "N": 1376, "K": 4096, "R": 1024, "stride_wk": 1376, "stride_wn": 1,
+         "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PERSISTENT": True})
+    timed = compile_kernel(all_gather_matmul_kernel, sig, constexprs, timeline=(4096, 64),
+                           num_warps=8)
+    assert timed.metadata.name == "all_gather_matmul_kernel__jtd_timed"
+    assert "wgmma.mma_async" in timed.asm["ptx"]
+
+
 def test_compiled_timeline_is_free_when_off():
     f32, i32 = np.dtype("float32"), np.dtype("int32")
     sig, constexprs = signature_of(ring_shift_kernel, [("pointer", t) for t in (f32, f32, f32,

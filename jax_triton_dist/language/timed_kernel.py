@@ -49,8 +49,14 @@ def _build(kernel: Any) -> Any:
     for name, param in inspect.signature(fn).parameters.items():
         text = f"{name}: tl.constexpr" if name in constexprs else name
         if param.default is not inspect.Parameter.empty:
-            defaults[name] = param.default
-            text += f" = _defaults[{name!r}]"
+            # Literal defaults are written as literals: Triton evaluates every default of
+            # the source it compiles, and there a subscript of a global dict by a string
+            # fails (the key arrives as a constexpr).
+            if isinstance(param.default, (bool, int, float, str, type(None))):
+                text += f" = {param.default!r}"
+            else:
+                defaults[name] = param.default
+                text += f" = _defaults[{name!r}]"
         params.append(text)
         names.append(name)
     label = f"{fn.__name__}__jtd_timed"
