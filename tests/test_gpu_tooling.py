@@ -1,6 +1,6 @@
 """GPU tier of the tools: doctor, JTD_LOG / JTD_DUMP_IR through the CUDA launcher, the
-timeline from the GPU clock (through JAX at world size 1, and 4 ranks on one GPU), stress
-(skipped without a GPU)."""
+timeline from the GPU clock (through JAX at world size 1, a fused op's, 4 ranks on one GPU,
+the overlap benchmark's waits part), stress (skipped without a GPU)."""
 
 import json
 import logging
@@ -82,6 +82,37 @@ def test_timeline_from_the_gpu_clock_through_jax(tmp_path):
     trace = json.loads(path.read_text())
     programs = [e for e in trace["traceEvents"] if e.get("cat") == "program"]
     assert len(programs) == 3 and all(e["dur"] > 0 for e in programs)
+
+
+def test_timeline_of_a_fused_op_through_jax():
+    """A timed fused kernel (defaulted constexprs) compiles and records on the GPU."""
+    mesh = Mesh(np.array(jax.devices("gpu")[:1]), ("x",))
+    f = jax.jit(jax.shard_map(lambda x, w: jtd.all_gather_matmul(x, w, "x"), mesh=mesh,
+                              in_specs=(P("x"), P()), out_specs=P("x"), check_vma=False))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((256, 128)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((128, 64)), jnp.bfloat16)
+    with jtd.timeline.record() as rec:
+        out = f(x, w).block_until_ready()
+    np.testing.assert_allclose(np.asarray(out, np.float32),
+                               np.asarray(x, np.float32) @ np.asarray(w, np.float32),
+                               rtol=2e-2, atol=2e-1)
+    assert {e["kernel"] for e in rec.events} == {"all_gather_matmul_kernel"}
+    kinds = [e["kind"] for e in rec.events]
+    assert kinds.count("PROGRAM_START") == kinds.count("PROGRAM_END") > 0
+
+
+def test_overlap_waits_part_on_the_gpu():
+    """``bench overlap --parts waits`` at two ranks: every op and its GEMM read off the
+    timeline, nothing dropped."""
+    from jax_triton_dist.bench import overlap
+
+    rows = overlap.waits([2])
+    assert [r["op"] for r in rows] == list(overlap.SHAPES)
+    for row in rows:
+        assert row["dropped_events"] == 0
+        assert 0 < row["program_us"] <= row["span_us"] and row["gemm_span_us"] > 0
+        assert 0 <= row["wait_us"] <= row["wait_max_us"] <= row["span_us"]
 
 
 def test_timeline_of_four_ranks_sharing_the_gpu():
