@@ -45,7 +45,7 @@ def matmul_tile_tma(a_desc, b_desc, row, col, k_start, k_end,
     group issuing the bulk tensor loads and two consumer warp groups splitting the tile's
     rows (12 warps in all), as cuBLAS's Hopper kernels are built; with other warp counts,
     or a run-time ``if`` that has an ``else`` anywhere in the kernel, the loop stays as it
-    is (checked by ``tests/test_cuda_compile.py``)."""
+    is (checked by ``tests/test_gemm.py``)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(k_start, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         b = b_desc.load([col, k]).T if B_NK else b_desc.load([k, col])
