@@ -86,9 +86,11 @@ def _scale(scale: float | None, d: int) -> float:
 
 def _tuned(kernel, s: int, d: int, forward: bool) -> autotune.Autotuned:
     """``kernel`` with the attention configs of ``s`` local rows (``tiles.attention_configs``:
-    the table's first, which runs on CPU and with tuning off; tuned on GPUs)."""
+    the table's first, which runs on CPU and with tuning off; tuned on GPUs, every config's
+    outputs checked against the first's)."""
     return autotune.autotune([autotune.Config.from_table(c)
-                              for c in tiles.attention_configs(s, d, forward=forward)])(kernel)
+                              for c in tiles.attention_configs(s, d, forward=forward)],
+                             check=True)(kernel)
 
 
 def _attention_forward(q, k, v, axis_name, causal, scale, zigzag):

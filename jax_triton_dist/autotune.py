@@ -19,7 +19,8 @@ each config's included, as with ``triton.autotune``::
 every rank times every config (same warm-up and repeat counts, same order) on the call's
 own operands, the times are all-gathered through the team and reduced by ``max``, and every
 rank takes the fastest — a choice that differs between ranks cannot happen. Configs that
-fail to compile or run are skipped on every rank, with the reason logged. This works on
+fail to compile or run are skipped on every rank, with the reason logged; with
+``check=True`` so are configs whose outputs differ from the first config's. This works on
 every process model (threads of one process, one process per GPU through JAX's key-value
 store) and in ``jax_triton_dist.one_gpu.run_ranks``.
 
@@ -35,8 +36,8 @@ first. ``autotune(..., enabled=False)`` switches one kernel off. ``JTD_LOG=autot
 every config timed; tuning that takes more than a few seconds logs its progress anyway.
 
 The project's own GEMM-based ops (``all_gather_matmul``, ``matmul_reduce_scatter``,
-``matmul_all_reduce``) tune their tiles this way on GPUs; their first config is the fixed
-table of ``jax_triton_dist.tiles``.
+``matmul_all_reduce``) tune their tiles this way on GPUs, checked; their first config is
+the fixed table of ``jax_triton_dist.tiles``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def autotune(configs: Sequence[Config] | Callable[[dict[str, Any]], Sequence[Con
              key: Sequence[str] | str = (), *,
              prune: Callable[[list[Config], dict[str, Any]], Sequence[Config]] | None = None,
              warmup: int = 2, rep: int = 5, enabled: bool | None = None,
-             timer: Timer | None = None) -> Callable[[Any], Autotuned]:
+             timer: Timer | None = None, check: bool = False,
+             check_tolerance: float = 1e-2) -> Callable[[Any], Autotuned]:
     """Decorator: a ``@triton.jit`` kernel with a config space, for ``triton_call``.
 
     Args:
@@ -79,6 +81,14 @@ def autotune(configs: Sequence[Config] | Callable[[dict[str, Any]], Sequence[Con
       enabled: False switches tuning off for this kernel; None follows ``$JTD_AUTOTUNE``.
       timer: ``timer(config, rank, seconds) -> seconds`` replaces each rank's measured
         time (for tests and for custom cost models).
+      check: while tuning, compare each config's outputs on every rank with those of the
+        first config that ran everywhere; a config whose outputs differ (floating-point
+        outputs beyond ``check_tolerance`` relative error, other outputs not equal) is
+        skipped on every rank with the reason logged, as a failing one is — so a config
+        the compiler gets wrong is never chosen (seen with Triton 3.6: its warp-specialized
+        Hopper GEMM with per-thread stores). For kernels whose outputs depend only on
+        their inputs; it costs a copy of the outputs per config while tuning.
+      check_tolerance: see ``check``.
 
     Returns:
       A decorator making an :class:`Autotuned` kernel. Its ``records`` list how each rank
@@ -89,7 +99,8 @@ def autotune(configs: Sequence[Config] | Callable[[dict[str, Any]], Sequence[Con
       TypeError: not a ``@triton.jit`` kernel.
     """
     def wrap(kernel: Any) -> Autotuned:
-        return Autotuned(kernel, tuple(configs), key, prune, warmup, rep, enabled, timer)
+        return Autotuned(kernel, configs if callable(configs) else tuple(configs), key,
+                         prune, warmup, rep, enabled, timer, check, check_tolerance)
 
     return wrap
 

@@ -129,9 +129,17 @@ def _choose(site: call_site.CallSite, team: call_site.TeamState, device: int,
                     trial.close()
             return times
 
+        def read_team() -> list[list[np.ndarray]]:
+            drv = cuda_driver.driver()
+            return [[np.frombuffer(drv.read(device, address, spec.nbytes), spec.dtype)
+                     .reshape(spec.shape) for address, spec in zip(rets[rank], site.outputs,
+                                                                   strict=True)]
+                    for rank in range(world)]
+
         index = tuning.select_for_team(
             site.tuner, site.variants, site.label, world,
-            site.tuning_key(cuda_dispatch.device_kind(device)), "gpu", measure_team)
+            site.tuning_key(cuda_dispatch.device_kind(device)), "gpu", measure_team,
+            read_team)
         for rank in range(world):
             team.choice[rank] = index
     return site.variant(team, 0)

@@ -127,6 +127,55 @@ def test_a_config_that_fails_is_skipped(caplog):
     assert failed and "this config is meant to fail" in failed[0]
 
 
+def test_check_skips_a_config_whose_outputs_are_wrong(caplog):
+    """``check=True``: a config that runs but computes something else is skipped on every
+    rank however fast it is (here the timer makes it the fastest by far)."""
+    wrong = {"BLOCK": 128, "WRONG": True}
+    configs = [jtd.autotune.Config({"BLOCK": 256}), jtd.autotune.Config(wrong),
+               jtd.autotune.Config({"BLOCK": 64})]
+
+    def timer(config, rank, seconds):
+        return 1e-3 if config.kwargs.get("WRONG") else float(config.kwargs["BLOCK"])
+
+    kernel = tuned_shift.make(timer, configs=configs, check=True)
+    with caplog.at_level("WARNING"):
+        run_shift(kernel, (2,))
+    assert {r.index for r in kernel.records} == {2}  # BLOCK=64, the fastest right one
+    assert kernel.records[0].times[1] is None
+    failed = [m for m in caplog.messages if "failed" in m and "WRONG=True" in m]
+    assert failed and "differs from the reference config's: relative error" in failed[0]
+
+
+def test_without_check_the_fastest_config_is_taken_whatever_it_computes():
+    configs = [jtd.autotune.Config({"BLOCK": 256}),
+               jtd.autotune.Config({"BLOCK": 128, "WRONG": True})]
+    kernel = tuned_shift.make(lambda c, r, s: 1e-3 if c.kwargs.get("WRONG") else 1.0,
+                              configs=configs)
+    with pytest.raises(AssertionError):  # run_shift compares with np.roll
+        run_shift(kernel, (2,))
+    assert {r.index for r in kernel.records} == {1}
+
+
+def test_outputs_differ_reads_dtypes_shapes_and_non_finite_values():
+    import ml_dtypes
+
+    ref = np.array([1.0, 2.0, np.inf, np.nan], np.float32)
+    assert tuning.outputs_differ([ref * (1 + 1e-3)], [ref], 1e-2) is None
+    assert "relative error" in tuning.outputs_differ([ref + [0.5, 0, 0, 0]], [ref], 1e-2)
+    assert "non-finite" in tuning.outputs_differ([np.array([1, 2, 3, 4.0], np.float32)],
+                                                 [ref], 1e-2)
+    assert "non-finite values differ" in tuning.outputs_differ(
+        [np.array([1, 2, -np.inf, np.nan], np.float32)], [ref], 1e-2)
+    assert "shape" in tuning.outputs_differ([ref[:2]], [ref], 1e-2)
+    ints = np.arange(6, dtype=np.int32)
+    assert tuning.outputs_differ([ints], [ints.copy()], 1e-2) is None
+    assert "differs" in tuning.outputs_differ([ints + (ints == 5)], [ints], 0.5)
+    bf16 = np.array([1.0, 2.0, 3.0], ml_dtypes.bfloat16)
+    assert tuning.outputs_differ([bf16], [bf16.copy()], 1e-2) is None
+    assert "relative error" in tuning.outputs_differ([bf16 * 2], [bf16], 1e-2)
+    assert tuning.outputs_differ([np.zeros(3)], [np.zeros(3)], 1e-2) is None
+
+
 def test_no_config_that_runs_is_a_clear_error():
     configs = [jtd.autotune.Config({"BLOCK": b, "FAIL": True}) for b in (64, 128)]
     kernel = tuned_shift.make(configs=configs)
@@ -281,6 +330,33 @@ def test_select_for_a_team_driven_by_one_thread(monkeypatch):
                                   lambda index: pytest.fail("timed with tuning off")) == 0
 
 
+def test_select_for_a_team_checks_every_ranks_outputs(monkeypatch, caplog):
+    """With ``check``, a variant whose outputs differ on one rank is out for the team."""
+    monkeypatch.setenv("JTD_AUTOTUNE_CACHE", "")
+    variants = tuning.variants_of([tuning.Config({"B": b}) for b in (1, 2, 3)], {}, {},
+                                  lambda meta: (1,))
+    tuner = tuning.Autotuned(tuned_shift.make().kernel, tuple(v.config for v in variants),
+                             check=True)
+    right = [[np.arange(4.0)], [np.arange(4.0) * 2]]  # each rank's own (right) outputs
+    last = []
+
+    def measure(index):
+        last[:] = [index]
+        return [3.0 - index, 3.0 - index]  # later variants are faster
+
+    def read():
+        if last[0] == 2:  # variant 2: rank 1's output is wrong
+            return [right[0], [right[1][0] + 1]]
+        return right
+
+    with caplog.at_level("WARNING"):
+        chosen = tuning.select_for_team(tuner, variants, "k", 2, {"case": "check"}, "gpu",
+                                        measure, read)
+    assert chosen == 1 and tuner.records[0].times == (3.0, 2.0, None)
+    assert any("rank=1 config=3/3 failed" in m and "relative error" in m
+               for m in caplog.messages)
+
+
 def test_the_ops_config_spaces_start_with_the_fixed_table():
     """What runs on CPU and with tuning off is the table's choice; the spaces have more."""
     from jax_triton_dist import tiles
@@ -312,6 +388,19 @@ def test_the_ops_config_spaces_start_with_the_fixed_table():
         assert configs[0] == {"BLOCK": tiles.exchange_block(n)[0], "num_warps": 4}
         assert all(c["BLOCK"] <= configs[0]["BLOCK"] for c in configs)
     assert len(tiles.exchange_configs(1 << 20)) == 6
+
+
+def test_the_ops_check_every_config_while_tuning():
+    from jax_triton_dist import attention
+    from jax_triton_dist.collectives import launch as collectives_launch
+    from jax_triton_dist.fused import launch as fused_launch
+    from jax_triton_dist.kernels.attention import sequence_parallel_attention_kernel
+    from jax_triton_dist.kernels.exchange import push_exchange_kernel
+    from jax_triton_dist.kernels.gemm_collectives import all_gather_matmul_kernel
+
+    assert fused_launch._tuned(all_gather_matmul_kernel, 8192, 1376, 4096, 8).check
+    assert collectives_launch._tuned(push_exchange_kernel, 1 << 20).check
+    assert attention._tuned(sequence_parallel_attention_kernel, 4096, 128, True).check
 
 
 def test_config_from_a_table_entry():

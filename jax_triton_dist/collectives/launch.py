@@ -27,9 +27,10 @@ ONE_SHOT_MAX_BYTES = 256 * 1024
 
 def _tuned(kernel, n: int):
     """``kernel`` autotuned over the exchange configs of ``n`` elements per block (the
-    fixed choice first: what runs on CPU and with tuning off)."""
+    fixed choice first: what runs on CPU and with tuning off; every config's outputs
+    checked against the first's while tuning)."""
     return autotune.autotune([autotune.Config.from_table(c)
-                              for c in tiles.exchange_configs(n)])(kernel)
+                              for c in tiles.exchange_configs(n)], check=True)(kernel)
 
 
 def _programs(n: int):

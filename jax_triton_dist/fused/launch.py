@@ -71,9 +71,10 @@ def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True) -> aut
     """``kernel`` with the GEMM configs of ``copies`` ``[m, k] @ [k, n]`` products: the
     fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; with their
     tensor-descriptor forms where ``tma`` (weights of either layout: an ``[N, K]`` one is
-    read in ``[BLOCK_N, BLOCK_K]`` blocks and transposed in shared memory)."""
+    read in ``[BLOCK_N, BLOCK_K]`` blocks and transposed in shared memory). Every config's
+    outputs are checked against the first's while tuning (``autotune(check=True)``)."""
     return autotune.autotune([autotune.Config.from_table(c) for c in tiles.gemm_configs(
-        m, n, k, copies, tma=tma, stream_k=STREAM_K)])(kernel)
+        m, n, k, copies, tma=tma, stream_k=STREAM_K)], check=True)(kernel)
 
 
 def _grid(tiles_of: Callable[[dict], int]) -> Callable[[dict], tuple[int]]:

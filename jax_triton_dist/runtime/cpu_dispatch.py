@@ -229,7 +229,8 @@ def _run_team(site: call_site.CallSite, team: call_site.TeamState, rank: int,
     first = device_ordinal not in team.epochs
     team.align_epoch(device_ordinal, run.id, site.cond)
     variant = site.choose(team, rank, "cpu", "cpu", lambda index: _Trial(
-        site.tuner, team, device_ordinal, lambda: launch(site.variants[index])))
+        site.tuner, team, device_ordinal, lambda: launch(site.variants[index]),
+        lambda: [_read_output(spec, ret_ptrs[i]) for i, spec in enumerate(site.outputs)]))
     if first:
         launch_log.plan(site, variant, device_ordinal, rank, team, "host")
         if debug_settings.dump_ir_dir() is not None:
@@ -243,9 +244,13 @@ class _Trial(tuning.Trial):
     advance by that count, whether the variant runs or fails."""
 
     def __init__(self, tuner: tuning.Autotuned, team: call_site.TeamState, device: int,
-                 launch: Callable[[], None]):
+                 launch: Callable[[], None], read: Callable[[], list[np.ndarray]]):
         self.tuner, self.team, self.device, self.launch = tuner, team, device, launch
+        self.read = read
         self.end = team.epochs.get(device, 0) + tuner.warmup + tuner.rep
+
+    def outputs(self) -> list[np.ndarray]:
+        return self.read()
 
     def run(self) -> float:
         try:
@@ -259,6 +264,12 @@ class _Trial(tuning.Trial):
             return statistics.median(times)
         finally:
             self.team.epochs[self.device] = self.end
+
+
+def _read_output(spec, address: int) -> np.ndarray:
+    """A copy of the output of ``spec`` (shape, dtype) at host ``address``."""
+    raw = ctypes.string_at(address, spec.nbytes)
+    return np.frombuffer(raw, spec.dtype).reshape(spec.shape).copy()
 
 
 def _launch(site: call_site.CallSite, team: call_site.TeamState, rank: int,

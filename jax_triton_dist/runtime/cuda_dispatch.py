@@ -396,6 +396,13 @@ class Trial(tuning.Trial):
             raise RuntimeError(failure)
         return float(np.median(ms)) / 1e3
 
+    def outputs(self) -> list[np.ndarray]:
+        """This rank's outputs as the timed launches left them (after :meth:`finish`)."""
+        drv = cuda_driver.driver()
+        return [np.frombuffer(drv.read(self.device, address, spec.nbytes), spec.dtype)
+                .reshape(spec.shape) for address, spec in zip(self.rets, self.site.outputs,
+                                                               strict=True)]
+
     def close(self) -> None:
         self.loaded.close()
 

@@ -15,7 +15,9 @@ the site (the first run on each device, ``cpu_dispatch`` / ``cuda_dispatch``):
    kernels never write their inputs); the times are all-gathered through the team and
    reduced by ``max``, and every rank takes the index of the smallest maximum, so that a
    choice that differs between ranks cannot happen. A variant that fails on any rank is
-   skipped everywhere, with the reason logged.
+   skipped everywhere, with the reason logged. With ``check``, a variant whose outputs
+   differ from the reference's (the first variant that ran on every rank) counts as
+   failed: a miscompiled config is never chosen.
 
 Each rank's launches advance its epoch as real calls do, so the site's later calls go on
 from there.
@@ -29,6 +31,8 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from jax_triton_dist.runtime import debug_settings, launch_log, tuning_cache
 
@@ -159,6 +163,11 @@ class Autotuned:
       enabled: False: never tune (the cached config, else the first); None: follow
         ``$JTD_AUTOTUNE``.
       timer: replaces measured times (tests; ``timer(config, rank, seconds)``).
+      check: compare every config's outputs with the reference config's on each rank
+        (:func:`outputs_differ`, ``check_tolerance``); a config that differs anywhere is
+        skipped everywhere, with the reason logged.
+      check_tolerance: the relative error (Frobenius norm) a floating-point output may
+        have against the reference's; integer outputs must be equal.
       records: how each rank chose, newest last.
     """
 
@@ -170,6 +179,8 @@ class Autotuned:
     rep: int = 5
     enabled: bool | None = None
     timer: Timer | None = None
+    check: bool = False
+    check_tolerance: float = 1e-2
     records: list[TuningRecord] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
@@ -183,6 +194,9 @@ class Autotuned:
         if self.warmup < 0 or self.rep < 1:
             raise ValueError(f"autotune({fn.__name__}): need warmup >= 0 and rep >= 1, got "
                              f"warmup={self.warmup}, rep={self.rep}")
+        if not self.check_tolerance > 0:
+            raise ValueError(f"autotune({fn.__name__}): check_tolerance must be positive, "
+                             f"got {self.check_tolerance!r}")
 
     @property
     def fn(self) -> Callable:
@@ -276,6 +290,10 @@ class Trial:
         """Seconds per launch on this rank (raises if the variant cannot run)."""
         raise NotImplementedError
 
+    def outputs(self) -> list[np.ndarray]:
+        """This rank's outputs after :meth:`run` (for ``check``)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Releases what the trial made."""
 
@@ -283,6 +301,34 @@ class Trial:
 Measure = Callable[[int], Trial]
 """``measure(index)``: this rank's :class:`Trial` of variant ``index`` (raises if the
 variant cannot be made)."""
+
+
+def outputs_differ(got: Sequence[np.ndarray], reference: Sequence[np.ndarray],
+                   tolerance: float) -> str | None:
+    """Why ``got`` (one rank's outputs of a config) is not ``reference`` (the reference
+    config's), or None: floating-point outputs within ``tolerance`` relative error
+    (Frobenius norm) and with their non-finite values where the reference has them,
+    other outputs equal."""
+    for i, (out, ref) in enumerate(zip(got, reference, strict=True)):
+        out, ref = np.asarray(out), np.asarray(ref)
+        if out.shape != ref.shape:
+            return f"output {i} has shape {out.shape}, the reference's {ref.shape}"
+        if not np.issubdtype(ref.dtype, np.floating) and ref.dtype.kind != "V":
+            if not np.array_equal(out, ref):
+                return f"output {i} differs from the reference config's"
+            continue
+        out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+        finite = np.isfinite(ref64)
+        if not np.array_equal(np.isfinite(out64), finite):
+            return f"output {i} has non-finite values where the reference config's has not"
+        if not np.array_equal(out64[~finite], ref64[~finite], equal_nan=True):
+            return f"output {i}'s non-finite values differ from the reference config's"
+        scale = float(np.linalg.norm(ref64[finite])) or 1.0
+        error = float(np.linalg.norm(out64[finite] - ref64[finite])) / scale
+        if error > tolerance:
+            return (f"output {i} differs from the reference config's: relative error "
+                    f"{error:.3g} > {tolerance:g}")
+    return None
 
 
 def select(tuner: Autotuned, variants: Sequence[Variant], label: str, rank: int,
@@ -309,10 +355,12 @@ def select(tuner: Autotuned, variants: Sequence[Variant], label: str, rank: int,
 
 def select_for_team(tuner: Autotuned, variants: Sequence[Variant], label: str,
                     ranks: int, cache_key: dict[str, Any], platform: str,
-                    measure_team: Callable[[int], list[float | None]]) -> int:
+                    measure_team: Callable[[int], list[float | None]],
+                    read_team: Callable[[], list[list[np.ndarray]]] | None = None) -> int:
     """:func:`select` for a team that one thread drives (``one_gpu``):
     ``measure_team(index)`` times variant ``index`` on every rank at once and returns each
-    rank's seconds (None: it failed there)."""
+    rank's seconds (None: it failed there); ``read_team()`` returns every rank's outputs
+    as the last measured variant left them (needed for ``check``)."""
     key = tuning_cache.key_of(cache_key)
     cached_index = _cached(key, variants)
     if cached_index >= 0:
@@ -320,12 +368,25 @@ def select_for_team(tuner: Autotuned, variants: Sequence[Variant], label: str,
     if not tuner.may_tune(platform):
         return _record(tuner, label, range(ranks), 0, variants, "default")
     times = []
+    reference = None
     for index, variant in enumerate(variants):
         per_rank = measure_team(index)
         if tuner.timer is not None:
             per_rank = [None if t is None else float(tuner.timer(variant.config, r, t))
                         for r, t in enumerate(per_rank)]
-        times.append(None if any(t is None for t in per_rank) else max(per_rank))
+        ran = all(t is not None for t in per_rank)
+        if ran and tuner.check:
+            outputs = read_team()
+            if reference is None:
+                reference = outputs
+            else:
+                for rank, (got, ref) in enumerate(zip(outputs, reference, strict=True)):
+                    why = outputs_differ(got, ref, tuner.check_tolerance)
+                    if why:
+                        _log(f"jtd autotune kernel={label} rank={rank} config={index + 1}/"
+                             f"{len(variants)} failed ({variant.config}): {why}", True)
+                        ran = False
+        times.append(max(per_rank) if ran else None)
         _progress(times, variant, index, len(variants), label, 0.0)
     return _choose(tuner, variants, label, range(ranks), key, cache_key, times)
 
@@ -356,14 +417,21 @@ def _time_variants(tuner: Autotuned, variants: Sequence[Variant], label: str, ra
     """Every variant's slowest-rank time (None: it failed on some rank)."""
     start = time.monotonic()
     times: list[float | None] = []
+    reference = None  # check: this rank's outputs of the first variant that ran everywhere
     for index, variant in enumerate(variants):
-        trial, mine = None, -1
+        trial, mine, outputs = None, -1, None
         try:
             trial = measure(index)
             gather(f"tune/{index}/start", 0)  # every rank made its trial: start together
             seconds = trial.run()
             if tuner.timer is not None:
                 seconds = float(tuner.timer(variant.config, rank, seconds))
+            if tuner.check:
+                outputs = trial.outputs()
+                why = reference is not None and outputs_differ(outputs, reference,
+                                                               tuner.check_tolerance)
+                if why:
+                    raise ValueError(why)
             mine = max(1, round(seconds * 1e9))
         except Exception as error:  # a config that does not compile or run here
             if trial is None:
@@ -374,6 +442,8 @@ def _time_variants(tuner: Autotuned, variants: Sequence[Variant], label: str, ra
         if trial is not None:
             trial.close()
         times.append(None if min(everyone) < 0 else max(everyone) / 1e9)
+        if tuner.check and reference is None and times[-1] is not None:
+            reference = outputs
         if rank == 0:
             _progress(times, variant, index, len(variants), label, start)
     return times

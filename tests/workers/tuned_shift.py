@@ -26,7 +26,7 @@ def make(timer=None, configs=None, **options):
     @jtd.autotune.autotune(configs, key=["n"], timer=timer, **options)
     @triton.jit
     def tuned_shift_kernel(x_ptr, out_ptr, buf_ptr, flags_ptr, n, BLOCK: tl.constexpr,
-                           FAIL: tl.constexpr = False):
+                           FAIL: tl.constexpr = False, WRONG: tl.constexpr = False):
         tl.static_assert(not FAIL, "this config is meant to fail")
         pid = tl.program_id(0)
         me = dl.rank()
@@ -38,7 +38,10 @@ def make(timer=None, configs=None, **options):
         dl.notify(flags_ptr + pid, peer, epoch, "set", "sys")
         token = dl.wait(flags_ptr + pid, 1, "sys", "acquire", epoch)
         buf_ptr = dl.consume_token(buf_ptr, token)
-        tl.store(out_ptr + offs, tl.load(buf_ptr + offs, mask=mask), mask=mask)
+        got = tl.load(buf_ptr + offs, mask=mask)
+        if WRONG:  # a config that runs but computes the wrong thing (``check``'s tests)
+            got = got + 1.0
+        tl.store(out_ptr + offs, got, mask=mask)
 
     return tuned_shift_kernel
 
