@@ -50,6 +50,42 @@ def test_fused_op_tunes_on_the_gpu_and_matches_jnp_dot():
     assert entry["call"]["device"] == jax.devices()[0].device_kind
 
 
+def _wrong_but_fastest():
+    import tuned_shift
+
+    configs = [jtd.autotune.Config({"BLOCK": 256}),
+               jtd.autotune.Config({"BLOCK": 128, "WRONG": True}),
+               jtd.autotune.Config({"BLOCK": 64})]
+    return tuned_shift, tuned_shift.make(
+        lambda config, rank, seconds: 1e-6 if config.kwargs.get("WRONG") else seconds,
+        configs=configs, check=True)
+
+
+def test_check_skips_a_wrong_config_on_the_gpu_under_jax():
+    tuned_shift, kernel = _wrong_but_fastest()
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    f = jax.jit(jax.shard_map(lambda v: tuned_shift.shift(kernel, v, "x"), mesh=mesh,
+                              in_specs=P("x"), out_specs=P("x")))
+    x = jnp.arange(tuned_shift.N, dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(x))  # a ring of one
+    assert {rec.index for rec in kernel.records} != {1}
+    assert kernel.records[0].times[1] is None and kernel.records[0].times[0] is not None
+
+
+def test_check_skips_a_wrong_config_for_ranks_sharing_the_gpu():
+    tuned_shift, kernel = _wrong_but_fastest()
+    n, world = tuned_shift.N, 2
+    x = np.random.default_rng(2).standard_normal((world, n)).astype(np.float32)
+    out = one_gpu.run_ranks(kernel, world, lambda c, r: [x[r]], [((n,), np.float32)],
+                            lambda meta: [((n,), np.float32),
+                                          ((-(-n // meta["BLOCK"]),), np.int32)],
+                            lambda meta: (-(-n // meta["BLOCK"]),), {"n": n}, calls=2)
+    for r in range(world):
+        np.testing.assert_array_equal(out[-1][r][0], x[(r - 1) % world])
+    assert {rec.index for rec in kernel.records} != {1}
+    assert kernel.records[0].times[1] is None
+
+
 def test_ranks_sharing_the_gpu_tune_together():
     import tuned_shift
 
