@@ -190,6 +190,9 @@ def test_gemm_benchmark_rows():
     rows = gemm.run([(40, 24, 16)], iters=1, dtype="float32", platform="cpu")
     assert rows[0]["shape"] == "40x24x16" and rows[0]["rel_err"] < 1e-5
     assert rows[0]["best_us"] > 0 and rows[0]["xla_us"] > 0
+    # cuBLAS through PyTorch only where PyTorch has a GPU (never on the CPU platform)
+    assert np.isnan(rows[0]["cublas_us"]) and np.isnan(rows[0]["cublas_ratio"])
+    assert gemm.cublas_seconds(8, 8, 8, "float32", 1) is None  # no PyTorch GPU here
 
 
 def test_tma_configs_only_where_rows_are_aligned():

@@ -11,6 +11,11 @@ a partial last wave: ``tiles.gemm_tile_configs``) is timed; the table reports th
 table's config, the best config (what the autotuner would choose: it minimises the same
 kernel time) and XLA. Flattened, TMA-store and stream-K configs are the tile kernel's
 alone: the fused ops do not have them, so such a winner is ahead of what the ops run.
+
+Where PyTorch with a GPU is installed, the same product through PyTorch's cuBLAS
+(``torch.matmul``) is timed too (:func:`cublas_seconds`: a CUDA graph of ``iters``
+products replayed between two CUDA events, per product — launch gaps inside a graph are
+about a microsecond, so this is close to, not the same as, the profiler's kernel time).
 """
 
 from __future__ import annotations
@@ -90,6 +95,50 @@ def describe(config: dict[str, Any]) -> str:
     return text + forms
 
 
+def cublas_seconds(m: int, n: int, k: int, dtype: str, iters: int) -> float | None:
+    """Seconds per ``[m, k] @ [k, n]`` product by cuBLAS through PyTorch: ``iters``
+    ``torch.matmul`` calls captured in a CUDA graph, the graph replayed three times between
+    CUDA events, the median per product. None where PyTorch or a GPU for it is missing, or
+    it fails (the reason is printed)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        dt = getattr(torch, dtype)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn((m, k), device="cuda", generator=gen).to(dt)
+        b = (torch.randn((k, n), device="cuda", generator=gen) / k ** 0.5).to(dt)
+        c = torch.empty((m, n), device="cuda", dtype=dt)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture: cuBLAS picks its kernel
+            for _ in range(3):
+                torch.matmul(a, b, out=c)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                torch.matmul(a, b, out=c)
+        graph.replay()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(3):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / iters)
+        return float(np.median(samples))
+    except Exception as error:  # an optional comparison: say why it is missing
+        print(f"  {m}x{n}x{k}: no cuBLAS time through PyTorch: {type(error).__name__}: "
+              f"{str(error)[:200]}")
+        return None
+
+
 def _relative_error(out, ref) -> float:
     out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
@@ -141,6 +190,7 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
                                f"{m}x{n}x{k}")
         table = timed[0] if timed[0][1] == tiles.gemm_configs(m, n, k)[0] else None
         best = min(right, key=lambda t: t[0])
+        cublas = cublas_seconds(m, n, k, dtype, iters) if device.platform == "gpu" else None
         flops = 2.0 * m * n * k
         rows.append({
             "shape": f"{m}x{n}x{k}", "dtype": dtype, "timing": xla_time.source,
@@ -150,6 +200,8 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
             "ratio": xla_time.seconds / best[0],
             "table_ratio": xla_time.seconds / table[0] if table else float("nan"),
             "best_tflops": flops / best[0] / 1e12, "xla_tflops": flops / xla_time.seconds / 1e12,
+            "cublas_us": cublas * 1e6 if cublas else float("nan"),
+            "cublas_ratio": cublas / best[0] if cublas else float("nan"),
             "rel_err": best[2],
             "configs": [{"config": describe(c), "us": s * 1e6, "rel_err": e}
                         for s, c, e in timed],
@@ -161,5 +213,6 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
 COLUMNS = [("shape", "MxNxK", ""), ("table_us", "table us", ".1f"), ("best_us", "tuned us", ".1f"),
            ("xla_us", "jnp.dot us", ".1f"), ("table_ratio", "xla/table", ".3f"),
            ("ratio", "xla/tuned", ".3f"), ("best_tflops", "tuned TF/s", ".0f"),
-           ("xla_tflops", "dot TF/s", ".0f"), ("best_config", "tuned config", ""),
+           ("xla_tflops", "dot TF/s", ".0f"), ("cublas_us", "torch cuBLAS us", ".1f"),
+           ("cublas_ratio", "cuBLAS/tuned", ".3f"), ("best_config", "tuned config", ""),
            ("rel_err", "rel err", ".1e")]
