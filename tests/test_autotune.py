@@ -176,6 +176,21 @@ def test_outputs_differ_reads_dtypes_shapes_and_non_finite_values():
     assert tuning.outputs_differ([np.zeros(3)], [np.zeros(3)], 1e-2) is None
 
 
+def test_a_config_space_may_depend_on_the_call():
+    """``configs`` may be a function of the call's keyword arguments (here: of ``n``)."""
+    seen = []
+
+    def space(kwargs):
+        seen.append(kwargs["n"])
+        return [jtd.autotune.Config({"BLOCK": b}) for b in (256, 64) if b <= kwargs["n"]]
+
+    kernel = tuned_shift.make(lambda config, rank, seconds: float(config.kwargs["BLOCK"]),
+                              configs=space)
+    run_shift(kernel, (2,))
+    assert seen and set(seen) == {N}
+    assert {r.config.kwargs["BLOCK"] for r in kernel.records} == {64}
+
+
 def test_no_config_that_runs_is_a_clear_error():
     configs = [jtd.autotune.Config({"BLOCK": b, "FAIL": True}) for b in (64, 128)]
     kernel = tuned_shift.make(configs=configs)
