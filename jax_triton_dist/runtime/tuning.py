@@ -367,6 +367,9 @@ def select_for_team(tuner: Autotuned, variants: Sequence[Variant], label: str,
         return _record(tuner, label, range(ranks), cached_index, variants, "cache")
     if not tuner.may_tune(platform):
         return _record(tuner, label, range(ranks), 0, variants, "default")
+    if tuner.check and read_team is None:
+        raise ValueError(f"autotune({label}): check=True needs the team's outputs "
+                         "(select_for_team's read_team)")
     times = []
     reference = None
     for index, variant in enumerate(variants):
