@@ -320,13 +320,13 @@ def test_fused_values_and_jvp(name, mesh_name):
     np.testing.assert_allclose(np.asarray(ty), np.asarray(rty), rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("name, mesh_name", [
-    ("all_gather_matmul", "x4"),
-    *(pytest.param(name, mesh, marks=pytest.mark.slow) for name in sorted(FUSED)
-      for mesh in ("x4", "dp_tp_of_2x4") if (name, mesh) != ("all_gather_matmul", "x4"))])
-def test_fused_check_grads_both_modes_second_order(name, mesh_name):
+@pytest.mark.parametrize("name, mesh_name, order", [
+    ("all_gather_matmul", "x4", 1),
+    # second order on one axis; first order on two (second order there: ~1 min per op)
+    *(pytest.param(name, mesh, 2 if mesh == "x4" else 1, marks=pytest.mark.slow)
+      for name in sorted(FUSED) for mesh in ("x4", "dp_tp_of_2x4"))])
+def test_fused_check_grads_both_modes_second_order(name, mesh_name, order):
     mesh, axes, ours, _, xs, ws, outs, x, w = fused_setup(name, mesh_name, 22)
-    order = 2 if mesh_name == "x4" else 1  # second order on two axes: ~1 min per op
     jax.test_util.check_grads(_fused_fn(mesh, ours, axes, xs, ws, outs), (x, w), order=order,
                               modes=["fwd", "rev"], atol=5e-2, rtol=5e-2)
 
@@ -420,14 +420,15 @@ def test_uneven_groups(op, mesh_name, dtype):
     assert_same(*both(program), exact=op != "psum" or dtype == np.int32)
 
 
-def test_uneven_groups_derivatives():
+@pytest.mark.parametrize("order", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_uneven_groups_derivatives(order):
     mesh, axes, spec, x = setup("dp_tp_of_2x4", seed=34)
     groups = UNEVEN["dp_tp_of_2x4"]
 
     def f(lax):
         return shard_mapped(mesh, spec, lambda v: jnp.sin(lax.psum(v, axes,
                                                                    axis_index_groups=groups)))
-    jax.test_util.check_grads(f(jtd.lax), (x,), order=2, modes=["fwd", "rev"], atol=1e-2,
+    jax.test_util.check_grads(f(jtd.lax), (x,), order=order, modes=["fwd", "rev"], atol=1e-2,
                               rtol=1e-2)
     grads = both(lambda lax: jax.grad(lambda v: jnp.sum(f(lax)(v) ** 2))(x))
     assert_same(*grads, exact=False)

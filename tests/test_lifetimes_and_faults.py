@@ -179,7 +179,8 @@ EXIT_SCRIPT = """
 """
 
 
-@pytest.mark.parametrize("mode", ["last", "raise", "exit3", "interrupt"])
+@pytest.mark.parametrize("mode", ["last", "raise", *(pytest.param(m, marks=pytest.mark.slow)
+                                                       for m in ("exit3", "interrupt"))])
 def test_exits_with_an_op_in_flight_return_their_own_status(mode):
     reference = _run_script(EXIT_SCRIPT, mode, "lax", "now")
     # Three runs at a time: the abort this guards against was a race. The last reaches

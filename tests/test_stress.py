@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from jax_triton_dist.stress import __main__ as stress
 from jax_triton_dist.stress import ops, registry, tolerance
 
@@ -20,6 +22,7 @@ def test_tolerances():
         tolerance("bfloat16", "reduction")[0]
 
 
+@pytest.mark.slow
 def test_stress_passes_on_every_op(tmp_path, capsys):
     path = tmp_path / "stress.json"
     names = [op.name for op in ops.BUILT_IN]
