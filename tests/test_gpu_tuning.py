@@ -72,16 +72,23 @@ def test_check_skips_a_wrong_config_on_the_gpu_under_jax():
     assert kernel.records[0].times[1] is None and kernel.records[0].times[0] is not None
 
 
-def test_check_skips_a_wrong_config_for_ranks_sharing_the_gpu():
-    tuned_shift, kernel = _wrong_but_fastest()
-    n, world = tuned_shift.N, 2
-    x = np.random.default_rng(2).standard_normal((world, n)).astype(np.float32)
+def _shift_sharing_the_gpu(kernel, world: int, calls: int, seed: int) -> None:
+    """Runs the tuned ring shift on ``world`` ranks of one GPU; checks the last call."""
+    import tuned_shift
+
+    n = tuned_shift.N
+    x = np.random.default_rng(seed).standard_normal((world, n)).astype(np.float32)
     out = one_gpu.run_ranks(kernel, world, lambda c, r: [x[r]], [((n,), np.float32)],
                             lambda meta: [((n,), np.float32),
                                           ((-(-n // meta["BLOCK"]),), np.int32)],
-                            lambda meta: (-(-n // meta["BLOCK"]),), {"n": n}, calls=2)
+                            lambda meta: (-(-n // meta["BLOCK"]),), {"n": n}, calls=calls)
     for r in range(world):
         np.testing.assert_array_equal(out[-1][r][0], x[(r - 1) % world])
+
+
+def test_check_skips_a_wrong_config_for_ranks_sharing_the_gpu():
+    _, kernel = _wrong_but_fastest()
+    _shift_sharing_the_gpu(kernel, 2, calls=2, seed=2)
     assert {rec.index for rec in kernel.records} != {1}
     assert kernel.records[0].times[1] is None
 
@@ -90,14 +97,7 @@ def test_ranks_sharing_the_gpu_tune_together():
     import tuned_shift
 
     kernel = tuned_shift.make()  # real event timings, no timer
-    n, world = tuned_shift.N, 4
-    x = np.random.default_rng(1).standard_normal((world, n)).astype(np.float32)
-    out = one_gpu.run_ranks(kernel, world, lambda c, r: [x[r]], [((n,), np.float32)],
-                            lambda meta: [((n,), np.float32),
-                                          ((-(-n // meta["BLOCK"]),), np.int32)],
-                            lambda meta: (-(-n // meta["BLOCK"]),), {"n": n}, calls=3)
-    for r in range(world):
-        np.testing.assert_array_equal(out[-1][r][0], x[(r - 1) % world])
+    _shift_sharing_the_gpu(kernel, 4, calls=3, seed=1)
     assert len({rec.index for rec in kernel.records}) == 1
     assert {rec.source for rec in kernel.records} == {"tuned"}
     assert all(t is not None and t > 0 for t in kernel.records[0].times)
