@@ -49,14 +49,11 @@ def _build(kernel: Any) -> Any:
     for name, param in inspect.signature(fn).parameters.items():
         text = f"{name}: tl.constexpr" if name in constexprs else name
         if param.default is not inspect.Parameter.empty:
-            # Literal defaults are written as literals: Triton evaluates every default of
-            # the source it compiles, and there a subscript of a global dict by a string
-            # fails (the key arrives as a constexpr).
-            if isinstance(param.default, (bool, int, float, str, type(None))):
-                text += f" = {param.default!r}"
-            else:
-                defaults[name] = param.default
-                text += f" = _defaults[{name!r}]"
+            # Each default is a global of the wrapper's own, a constexpr: Triton evaluates
+            # every default of the source it compiles, and reads only constexpr globals
+            # (a subscript of a dict of defaults failed: the key arrives as a constexpr).
+            defaults[f"_default_{name}"] = tl.constexpr(param.default)
+            text += f" = _default_{name}"
         params.append(text)
         names.append(name)
     label = f"{fn.__name__}__jtd_timed"
@@ -66,7 +63,6 @@ def _build(kernel: Any) -> Any:
               f"    _record(1, 0)\n")
     filename = f"<jax_triton_dist timed {fn.__module__}.{fn.__qualname__}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    scope = {"tl": tl, "_record": _compiled.record_event, "_kernel": kernel,
-             "_defaults": defaults}
+    scope = {"tl": tl, "_record": _compiled.record_event, "_kernel": kernel, **defaults}
     exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own generated text
     return triton.jit(scope[label])
