@@ -130,10 +130,7 @@ def _choose(site: call_site.CallSite, team: call_site.TeamState, device: int,
             return times
 
         def read_team() -> list[list[np.ndarray]]:
-            drv = cuda_driver.driver()
-            return [[np.frombuffer(drv.read(device, address, spec.nbytes), spec.dtype)
-                     .reshape(spec.shape) for address, spec in zip(rets[rank], site.outputs,
-                                                                   strict=True)]
+            return [cuda_dispatch.read_outputs(device, rets[rank], site.outputs)
                     for rank in range(world)]
 
         index = tuning.select_for_team(
@@ -234,9 +231,7 @@ class _Job:
             raise RuntimeError(f"{self.caller}, call {call}: {failure}")
 
     def results(self) -> list[list[np.ndarray]]:
-        return [[np.frombuffer(self.drv.read(self.device, buf, spec.nbytes), spec.dtype)
-                 .reshape(spec.shape) for buf, spec in zip(self.out_bufs[rank],
-                                                           self.site.outputs, strict=True)]
+        return [cuda_dispatch.read_outputs(self.device, self.out_bufs[rank], self.site.outputs)
                 for rank in range(self.world)]
 
     def close(self) -> None:

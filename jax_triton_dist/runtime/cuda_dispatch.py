@@ -398,13 +398,18 @@ class Trial(tuning.Trial):
 
     def outputs(self) -> list[np.ndarray]:
         """This rank's outputs as the timed launches left them (after :meth:`finish`)."""
-        drv = cuda_driver.driver()
-        return [np.frombuffer(drv.read(self.device, address, spec.nbytes), spec.dtype)
-                .reshape(spec.shape) for address, spec in zip(self.rets, self.site.outputs,
-                                                               strict=True)]
+        return read_outputs(self.device, self.rets, self.site.outputs)
 
     def close(self) -> None:
         self.loaded.close()
+
+
+def read_outputs(device: int, addresses: list[int], specs) -> list[np.ndarray]:
+    """Host copies of the results at ``addresses`` on GPU ``device``, one per spec (shape,
+    dtype) of ``specs`` (a call site's outputs)."""
+    drv = cuda_driver.driver()
+    return [np.frombuffer(drv.read(device, address, spec.nbytes), spec.dtype)
+            .reshape(spec.shape) for address, spec in zip(addresses, specs, strict=True)]
 
 
 def _sharing(team: call_site.TeamState, device: int) -> int:
