@@ -14,7 +14,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["ElementType", "ELEMENT_TYPES", "KERNEL_DTYPES",
+__all__ = ["ElementType", "ELEMENT_TYPES", "KERNEL_DTYPES", "FLOAT_DTYPES",
            "GEMM_DTYPES", "element_type", "triton_name", "scalar_format", "check_dtype"]
 
 
@@ -49,6 +49,9 @@ _BY_TRITON = {t.triton: t for t in ELEMENT_TYPES}
 
 KERNEL_DTYPES = frozenset(_BY_DTYPE)
 """Element types a ``triton_call`` argument or result may have."""
+FLOAT_DTYPES = frozenset(t.dtype for t in ELEMENT_TYPES if t.triton.startswith(("fp", "bf")))
+"""The floating-point element types (bfloat16 among them, which NumPy does not count as
+``np.floating``)."""
 GEMM_DTYPES = frozenset(np.dtype(d) for d in ("float32", ml_dtypes.bfloat16, "float16"))
 """Input element types of the fused GEMM ops."""
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from jax_triton_dist import dtypes
 from jax_triton_dist.runtime import debug_settings, launch_log, tuning_cache
 
 __all__ = ["AUTOTUNE_ENV", "MODES", "Config", "Autotuned", "Variant", "TuningRecord", "Trial",
@@ -313,7 +314,7 @@ def outputs_differ(got: Sequence[np.ndarray], reference: Sequence[np.ndarray],
         out, ref = np.asarray(out), np.asarray(ref)
         if out.shape != ref.shape:
             return f"output {i} has shape {out.shape}, the reference's {ref.shape}"
-        if not np.issubdtype(ref.dtype, np.floating) and ref.dtype.kind != "V":
+        if ref.dtype not in dtypes.FLOAT_DTYPES:
             if not np.array_equal(out, ref):
                 return f"output {i} differs from the reference config's"
             continue
