@@ -15,6 +15,7 @@ import sys
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
+    from jax_triton_dist.bench.overlap import DEFAULT_PARTS, PARTS
     from jax_triton_dist.bench.single_gpu import LAYOUTS
 
     parser = argparse.ArgumentParser(prog="python -m jax_triton_dist.bench")
@@ -60,8 +61,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     overlap.add_argument("--sizes", type=int, nargs="+", default=[1 << 16, 1 << 20, 4 << 20],
                          help="bytes per rank of the all_gather part")
     overlap.add_argument("--iters", type=int, default=10)
-    overlap.add_argument("--parts", nargs="+", default=["fused", "collectives"],
-                         choices=["fused", "collectives", "waits"],
+    overlap.add_argument("--parts", nargs="+", default=list(DEFAULT_PARTS), choices=PARTS,
                          help="waits: the fused ops and their GEMMs timed from the inside "
                          "(intra-kernel timeline: spans, launch skew, program times, waits)")
     overlap.add_argument("--json", default="bench_overlap.json", help="output JSON path")
