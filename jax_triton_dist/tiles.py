@@ -133,11 +133,10 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     8 warps (the large tiles) in ``WARP_SPECIALIZE`` forms, with ``TMA_STORE`` (which they
     need: ``kernels/gemm.py``) and ``num_warps`` 4 (Triton 3.6 warp-specializes a Hopper
     kernel compiled with 4 warps only, and runs it with 12: a producer and two consumer
-    warp groups).
-    ``stream_k``:
-    each persistent config also comes with ``STREAM_K`` (the tiles of a partial last wave
-    shared out by K blocks: ``kernels/gemm.py``'s ``stream_k_runs``) where its tiles leave
-    a partial last wave of :func:`fill_programs` programs. Configs whose 2-byte operands
+    warp groups). ``stream_k``: each persistent config also comes with ``STREAM_K`` (the
+    tiles of a partial last wave shared out by K blocks: ``kernels/gemm.py``'s
+    ``stream_k_runs``) where its tiles leave a partial last wave of :func:`fill_programs`
+    programs. Configs whose 2-byte operands
     overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}
