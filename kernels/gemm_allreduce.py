@@ -17,7 +17,13 @@ from jax_triton_dist.kernels.gemm import (
     tile_descriptor,
     weight_descriptor,
 )
-from jax_triton_dist.kernels.tile_exchange import forward_tile, keep_tile, sum_tile
+from jax_triton_dist.kernels.tile_exchange import (
+    copy_sum_tile,
+    forward_tile,
+    keep_tile,
+    push_tile,
+    sum_tile,
+)
 from jax_triton_dist.swizzle import grouped_tile
 
 
@@ -39,11 +45,20 @@ def matmul_all_reduce_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
     B_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
+    TWO_SHOT: tl.constexpr = False,
 ):
     """Each output tile: this rank's partial is computed, pushed (in the slots' type) to
     every other rank as soon as it is done, then all ranks' partials of that tile are
     summed in float32, in rank order. The exchange of tile t overlaps the GEMM of the
     other tiles; no separate all-reduce pass runs over the output.
+
+    ``TWO_SHOT``: tile t belongs to rank ``t % num_ranks``. The other ranks push their
+    partial to that owner only; the owner sums the tile (the same order and rounding as
+    above), stores it and pushes the sum to every other rank, which copy it into their
+    output at the end of the kernel. Each rank then sends ``2 (R - 1) / R`` of its output's
+    bytes instead of ``R - 1`` times them, and reads one sum per tile instead of ``R``
+    partials: the form for large outputs or many ranks (the tuner chooses). The partials
+    never wait and the sums wait only on partials, so the waits cannot form a cycle.
 
     One program per tile, or (``PERSISTENT``) fewer programs, all resident at once, each
     looping over tiles ``program, program + programs, ...``. ``STREAM_K`` (with
@@ -76,7 +91,8 @@ def matmul_all_reduce_kernel(
                                         b_ptr, a_desc, b_desc, c_ptr, slots, flags,
                                         partial_ptr, counts_ptr, me, world, epoch, M, N, K,
                                         stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M,
-                                        BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK, True)
+                                        BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK, TWO_SHOT,
+                                        True)
                 block += k_last - k_first
             first += split
         for tile in range(first, tiles_m * tiles_n, tl.num_programs(0)):
@@ -84,13 +100,19 @@ def matmul_all_reduce_kernel(
                                     b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr, me,
                                     world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
                                     stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
-                                    B_NK, False)
+                                    B_NK, TWO_SHOT, False)
+        if TWO_SHOT:
+            _copy_sums(c_ptr, slots, flags, tl.program_id(0), tl.num_programs(0), me, world,
+                       epoch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     else:
         _matmul_all_reduce_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, a_ptr, b_ptr,
                                 a_desc, b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr,
                                 me, world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
                                 stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK,
-                                False)
+                                TWO_SHOT, False)
+        if TWO_SHOT:
+            _copy_sums(c_ptr, slots, flags, tl.program_id(0), tl.num_programs(0), me, world,
+                       epoch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
 
 @triton.jit
@@ -99,7 +121,8 @@ def _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr, 
                             epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                            USE_TMA: tl.constexpr, B_NK: tl.constexpr, SPLIT: tl.constexpr):
+                            USE_TMA: tl.constexpr, B_NK: tl.constexpr,
+                            TWO_SHOT: tl.constexpr, SPLIT: tl.constexpr):
     """Output tile number ``tile`` (grouped order); ``SPLIT``: only its K blocks
     ``k_first:k_last``, a stream-K share (exchanged by the program that completes the tile)."""
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -117,25 +140,36 @@ def _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr, 
     if SPLIT:  # a stream-K share: finished by the program that completes the tile
         if (k_first == 0) & (k_last == blocks):
             _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M, N,
-                               tiles_m * tiles_n, BLOCK_M, BLOCK_N)
+                               tiles_m * tiles_n, BLOCK_M, BLOCK_N, TWO_SHOT)
         elif stream_k_share(acc, partial_ptr, counts_ptr, tl.program_id(0), tile, k_first,
                             k_last, blocks, share, extra, BLOCK_M, BLOCK_N):
             total = stream_k_sum(partial_ptr, tile, blocks, share, extra, 0, BLOCK_M, BLOCK_M,
                                  BLOCK_N)
             _all_reduce_finish(total, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M,
-                               N, tiles_m * tiles_n, BLOCK_M, BLOCK_N)
+                               N, tiles_m * tiles_n, BLOCK_M, BLOCK_N, TWO_SHOT)
     else:
         _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M,
-                           N, tiles_m * tiles_n, BLOCK_M, BLOCK_N)
+                           N, tiles_m * tiles_n, BLOCK_M, BLOCK_N, TWO_SHOT)
 
 
 @triton.jit
 def _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M, N,
-                       num_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A finished partial tile: stored (one rank), or kept, forwarded to every peer and
-    summed with theirs."""
+                       num_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       TWO_SHOT: tl.constexpr):
+    """A finished partial tile: stored (one rank); or kept, forwarded to every peer and
+    summed with theirs; or (``TWO_SHOT``) pushed to the tile's owner, or kept and summed
+    there, the sum pushed to every peer."""
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+    elif TWO_SHOT:
+        owner = tile % world
+        if owner == me:
+            keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
+            sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
+                     c_ptr, BLOCK_M, BLOCK_N, False, "none", BROADCAST=True)
+        else:
+            push_tile(acc, slots, flags, owner, me, M, N, pid_m, pid_n, tile, num_tiles, epoch,
+                      BLOCK_M, BLOCK_N)
     else:
         # ---- keep it in the own slot, copy it from there into slot `me` of every other
         # rank and raise flag (me, tile) there; then sum every rank's partial of this tile
@@ -146,3 +180,21 @@ def _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, 
                          num_tiles, epoch, BLOCK_M, BLOCK_N)
         sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
                  c_ptr, BLOCK_M, BLOCK_N, False, "none")
+
+
+@triton.jit
+def _copy_sums(c_ptr, slots, flags, first, step, me, world, epoch, M, N,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``TWO_SHOT``'s last step: tiles ``first, first + step, ...`` that other ranks own,
+    copied into ``C`` from the slot their owner pushed the sum to, once it has landed.
+    Any program may copy any tile (the sums do not depend on who computed the partials),
+    so the split of the tiles among programs is the plain one, stream-K or not."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(first, tiles_m * tiles_n, step):
+        if world > 1:
+            owner = tile % world
+            if owner != me:
+                pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                copy_sum_tile(c_ptr, slots, flags, owner, M, N, pid_m, pid_n, tile,
+                              tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)

@@ -58,12 +58,15 @@ def forward_tile(slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_til
 @triton.jit
 def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
              epoch, bias_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT: tl.constexpr = 2):
+             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT: tl.constexpr = 2,
+             BROADCAST: tl.constexpr = False):
     """Stores into ``C`` the float32 sum, in rank order, of every rank's partial of the
     tile: this rank's kept one (:func:`keep_tile`) and the peers', each read once its flag
     reaches ``epoch``. Every rank summing a tile gets the same bits. Sums ``BLOCK_M /
     SPLIT`` rows at a time: 128x128 tiles at 8 warps fit in 128 registers a thread. The
-    epilogue (``kernels/epilogue.py``) applies to the sum."""
+    epilogue (``kernels/epilogue.py``) applies to the sum. ``BROADCAST``: the sum, as
+    stored into ``C``, also goes into slot ``me`` of every other rank, and flag ``(me,
+    tile)`` is raised there (:func:`copy_sum_tile` takes it from there)."""
     for src in range(0, world):
         if src != me:
             dl.wait(flags + src * num_tiles + tile, 1, "sys", "acquire", epoch)
@@ -76,3 +79,25 @@ def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num
                                SUB, BLOCK_N).to(tl.float32)
         total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
         store_tile(c_ptr, total, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
+        if BROADCAST:  # rounded as C holds it, so every rank gets C's bits
+            result = total.to(c_ptr.dtype.element_ty)
+            for i in range(1, world):
+                store_tile(dl.symm_at(slots, (me + i) % world) + me * rows * cols, result,
+                           sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
+    if BROADCAST:
+        for i in range(1, world):
+            dl.notify(flags + me * num_tiles + tile, (me + i) % world, epoch, "set", "sys")
+
+
+@triton.jit
+def copy_sum_tile(c_ptr, slots, flags, owner, rows, cols, pid_m, pid_n, tile, num_tiles,
+                  epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
+    """Copies into ``C`` the sum of the tile that rank ``owner`` pushed into slot ``owner``
+    (:func:`sum_tile` with ``BROADCAST``), once flag ``(owner, tile)`` reaches ``epoch``."""
+    dl.wait(flags + owner * num_tiles + tile, 1, "sys", "acquire", epoch)
+    SUB: tl.constexpr = BLOCK_M // SPLIT
+    for part in range(0, SPLIT):
+        sub_m = pid_m * SPLIT + part
+        store_tile(c_ptr, load_tile(slots + owner * rows * cols, sub_m, pid_n, rows, cols,
+                                    cols, 1, SUB, BLOCK_N), sub_m, pid_n, rows, cols, cols,
+                   1, SUB, BLOCK_N)

@@ -50,6 +50,33 @@ def test_matmul_all_reduce(ranks, dtype):
         assert all(np.array_equal(out[0], out[r]) for r in range(ranks))  # rank-order sums
 
 
+@pytest.mark.parametrize("ranks, dtype", [(2, jnp.float32), (3, jnp.bfloat16),
+                                          (4, jnp.float32),
+                                          pytest.param(8, jnp.bfloat16, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
+def test_matmul_all_reduce_two_shot(monkeypatch, ranks, dtype, persistent):
+    """The two-shot exchange (each tile summed by its owner, ``tile % ranks``, and the sum
+    pushed to the others) as the op's only config: small tiles, so that every rank owns
+    some; every rank's result against the float32 product, and the same bits on every
+    rank (the owner's rounded sum is what the others copy)."""
+    from jax_triton_dist import tiles
+    from jax_triton_dist.fused import launch
+
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
+              "num_stages": 3, "PERSISTENT": persistent, "USE_TMA": False}
+    monkeypatch.setattr(tiles, "gemm_configs", lambda *a, **k: [config])
+    monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": 5)
+    monkeypatch.setattr(launch, "ALL_REDUCE_FORMS", ({"TWO_SHOT": True},))
+    x, w = inputs(ranks, m=40, k_local=16, n=56, dtype=dtype, seed=ranks + 20)
+    ref = np.asarray(reference(x, w))
+    for _ in range(2):  # back to back: one call's sums must not satisfy the next's waits
+        out = run_mar(mesh_1d(ranks), "x", x, w)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    for r in range(ranks):
+        assert np.linalg.norm(out[r] - ref) / np.linalg.norm(ref) < tol
+        np.testing.assert_array_equal(out[r], out[0])
+
+
 @pytest.mark.parametrize("axis", ["dp", "tp"])
 def test_matmul_all_reduce_on_2x4_mesh(axis):
     mesh = Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("dp", "tp"))

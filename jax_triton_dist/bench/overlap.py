@@ -15,6 +15,7 @@ GEMM alone with the same tiles, and both autotuned over the same persistent form
 op's GEMM configs (*tuned*: the ranks choose together before the timed calls; fused op
 and GEMM may settle on different tiles, so the tuned ratio compares the best of each).
 Times are makespans: from an event before the ranks' launches to the last rank's end.
+GEMM+AR runs in both its exchanges (:data:`FORMS`: one-shot and two-shot), a row each.
 
 The *waits* part splits that ratio (``--parts waits``): one call of each fused op and of
 the GEMM alone (fixed tiles) run inside ``jtd.timeline.record``, and the programs' own
@@ -52,6 +53,12 @@ SHAPES = {"all_gather_matmul": (8192, 1376, 4096), "matmul_reduce_scatter": (819
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
 DECODE_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}
 WARPS = {"all_gather_matmul": 8, "matmul_reduce_scatter": 8, "matmul_all_reduce": 4}
+# The exchanges each op runs in (a row each): GEMM+AR one-shot and two-shot
+# (``kernels/gemm_allreduce.py``: every rank sums every tile, or each tile's owner does)
+FORMS = {"all_gather_matmul": {"": {}},
+         "matmul_reduce_scatter": {"": {}},
+         "matmul_all_reduce": {"one-shot": {"TWO_SHOT": False},
+                               "two-shot": {"TWO_SHOT": True}}}
 
 
 # The fused kernels' stream-K workspaces, unused here: the GEMM alone has no stream-K form,
@@ -67,12 +74,13 @@ def _bf16(rng, shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32).astype(BF16)
 
 
-def _fused_job(op: str, world: int, programs: int) -> dict[str, Any]:
-    """``one_gpu`` arguments of the fused op at ``world`` ranks (bfloat16)."""
+def _fused_job(op: str, world: int, form: str = "") -> dict[str, Any]:
+    """``one_gpu`` arguments of the fused op at ``world`` ranks (bfloat16), in the
+    exchange ``form`` (a key of the op's :data:`FORMS`)."""
     m, n, k = SHAPES[op]
     tile = DECODE_TILE if op == "matmul_all_reduce" else TILE
     rng = np.random.default_rng(0)
-    common = {**tile, "PERSISTENT": True}
+    common = {**tile, "PERSISTENT": True, **FORMS[op][form]}
     if op == "all_gather_matmul":
         rows = m // world
         x, w, bias = _bf16(rng, (rows, k)), _bf16(rng, (k, n), k ** -0.5), _bf16(rng, (1,))
@@ -143,9 +151,9 @@ def _autotuned(job: dict[str, Any], op: str, world: int) -> dict[str, Any]:
     return job
 
 
-def _tuned_job(op: str, world: int) -> dict[str, Any]:
+def _tuned_job(op: str, world: int, form: str = "") -> dict[str, Any]:
     """:func:`_fused_job`, autotuned (its workspaces sized by the chosen tile)."""
-    job = _autotuned(_fused_job(op, world, 0), op, world)
+    job = _autotuned(_fused_job(op, world, form), op, world)
     if op != "all_gather_matmul":  # partial slots and flags of one rank's rows' tiles
         rows, n = _local_rows(op, world), SHAPES[op][1]
         job["workspaces"] = lambda meta: [
@@ -169,16 +177,18 @@ def fused(worlds: list[int], iters: int) -> list[dict[str, Any]]:
     for op in SHAPES:
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
-            fused_s = _time(_fused_job(op, world, programs), world, programs, iters, WARPS[op])
-            tuned_s = _time(_tuned_job(op, world), world, programs, iters)
             gemm_s = _time(_gemm_job(op), world, programs, iters, WARPS[op])
             gemm_tuned_s = _time(_autotuned(_gemm_job(op), op, world), world, programs, iters)
-            m, n, k = SHAPES[op]
-            rows.append({"bench": "fused", "op": op, "ranks": world, "shape": f"{m}x{n}x{k}",
-                         "programs": programs, "fused_us": fused_s * 1e6,
-                         "gemm_us": gemm_s * 1e6, "ratio": fused_s / gemm_s,
-                         "tuned_us": tuned_s * 1e6, "gemm_tuned_us": gemm_tuned_s * 1e6,
-                         "tuned_ratio": tuned_s / gemm_tuned_s})
+            for form in FORMS[op]:
+                fused_s = _time(_fused_job(op, world, form), world, programs, iters, WARPS[op])
+                tuned_s = _time(_tuned_job(op, world, form), world, programs, iters)
+                m, n, k = SHAPES[op]
+                rows.append({"bench": "fused", "op": op, "form": form, "ranks": world,
+                             "shape": f"{m}x{n}x{k}", "programs": programs,
+                             "fused_us": fused_s * 1e6, "gemm_us": gemm_s * 1e6,
+                             "ratio": fused_s / gemm_s, "tuned_us": tuned_s * 1e6,
+                             "gemm_tuned_us": gemm_tuned_s * 1e6,
+                             "tuned_ratio": tuned_s / gemm_tuned_s})
     return rows
 
 
@@ -293,16 +303,18 @@ def waits(worlds: list[int]) -> list[dict[str, Any]]:
     for op in SHAPES:
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
-            fused_t, dropped = _timeline_of(_fused_job(op, world, programs), world, programs,
-                                            WARPS[op])
             gemm_t, gemm_dropped = _timeline_of(_gemm_job(op), world, programs, WARPS[op])
-            m, n, k = SHAPES[op]
-            rows.append({"bench": "waits", "op": op, "ranks": world, "shape": f"{m}x{n}x{k}",
-                         **fused_t, "gemm_span_us": gemm_t["span_us"],
-                         "gemm_skew_us": gemm_t["skew_us"],
-                         "gemm_program_us": gemm_t["program_us"],
-                         "program_ratio": fused_t["program_us"] / gemm_t["program_us"],
-                         "dropped_events": dropped + gemm_dropped})
+            for form in FORMS[op]:
+                fused_t, dropped = _timeline_of(_fused_job(op, world, form), world, programs,
+                                                WARPS[op])
+                m, n, k = SHAPES[op]
+                rows.append({"bench": "waits", "op": op, "form": form, "ranks": world,
+                             "shape": f"{m}x{n}x{k}", **fused_t,
+                             "gemm_span_us": gemm_t["span_us"],
+                             "gemm_skew_us": gemm_t["skew_us"],
+                             "gemm_program_us": gemm_t["program_us"],
+                             "program_ratio": fused_t["program_us"] / gemm_t["program_us"],
+                             "dropped_events": dropped + gemm_dropped})
     return rows
 
 
@@ -324,12 +336,14 @@ def run(worlds: list[int], iters: int, sizes: list[int],
 
 
 COLUMNS = {
-    "fused": [("op", "op", ""), ("ranks", "ranks", "d"), ("shape", "MxNxK", ""),
+    "fused": [("op", "op", ""), ("form", "form", ""), ("ranks", "ranks", "d"),
+              ("shape", "MxNxK", ""),
               ("programs", "programs", "d"), ("fused_us", "table us", ".1f"),
               ("gemm_us", "GEMM table us", ".1f"), ("ratio", "table/GEMM", ".3f"),
               ("tuned_us", "tuned us", ".1f"), ("gemm_tuned_us", "GEMM tuned us", ".1f"),
               ("tuned_ratio", "tuned/GEMM tuned", ".3f")],
-    "waits": [("op", "op", ""), ("ranks", "ranks", "d"), ("span_us", "span us", ".1f"),
+    "waits": [("op", "op", ""), ("form", "form", ""), ("ranks", "ranks", "d"),
+              ("span_us", "span us", ".1f"),
               ("gemm_span_us", "GEMM span us", ".1f"), ("skew_us", "skew us", ".1f"),
               ("gemm_skew_us", "GEMM skew us", ".1f"), ("program_us", "program us", ".1f"),
               ("gemm_program_us", "GEMM program us", ".1f"),

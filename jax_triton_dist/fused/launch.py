@@ -66,15 +66,24 @@ def partial_dtype(dtype) -> jnp.dtype:
 
 STREAM_K = False  # whether the ops tune over their kernels' stream-K forms (see above)
 
+# GEMM+AR's exchanges (``kernels/gemm_allreduce.py``), each tuned with every GEMM config
+# where the team has more than one rank: one-shot (every rank sums every tile) first, the
+# default; two-shot (each tile summed by its owner rank, the sum pushed to the others).
+ALL_REDUCE_FORMS = ({"TWO_SHOT": False}, {"TWO_SHOT": True})
 
-def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True) -> autotune.Autotuned:
+
+def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True,
+           forms: tuple[dict, ...] = ({},)) -> autotune.Autotuned:
     """``kernel`` with the GEMM configs of ``copies`` ``[m, k] @ [k, n]`` products: the
     fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; with their
     tensor-descriptor forms where ``tma`` (weights of either layout: an ``[N, K]`` one is
-    read in ``[BLOCK_N, BLOCK_K]`` blocks and transposed in shared memory). Every config's
-    outputs are checked against the first's while tuning (``autotune(check=True)``)."""
-    return autotune.autotune([autotune.Config.from_table(c) for c in tiles.gemm_configs(
-        m, n, k, copies, tma=tma, stream_k=STREAM_K)], check=True)(kernel)
+    read in ``[BLOCK_N, BLOCK_K]`` blocks and transposed in shared memory); each in every
+    one of the kernel's ``forms`` (constexprs; the first form's come first). Every
+    config's outputs are checked against the first's while tuning
+    (``autotune(check=True)``)."""
+    configs = tiles.gemm_configs(m, n, k, copies, tma=tma, stream_k=STREAM_K)
+    return autotune.autotune([autotune.Config.from_table(dict(c, **form))
+                              for form in forms for c in configs], check=True)(kernel)
 
 
 def _grid(tiles_of: Callable[[dict], int]) -> Callable[[dict], tuple[int]]:
@@ -162,7 +171,8 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
         return triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(matmul_all_reduce_kernel, m, n, k, 1), x.reshape(m, k), w,
+        _tuned(matmul_all_reduce_kernel, m, n, k, 1,
+               forms=ALL_REDUCE_FORMS if size > 1 else ALL_REDUCE_FORMS[:1]), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, m, n), partial_dtype(x.dtype)),
                                 Workspace((2, size, num_tiles(meta)), jnp.int32),
