@@ -215,9 +215,15 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          "flags_ptr": "i32", **_STREAM_K_WORKSPACES},
         {"M": decode_m, "N": n, "K": k, "stride_am": k, "stride_bk": n},
         dict(_gemm_tiles(decode_m, n, k, 1, persistent), stride_ak=1, stride_bn=1,
-             B_NK=False, STREAM_K=False),
+             B_NK=False, STREAM_K=False, TWO_SHOT=False),
         Expected(notifies=ranks - 1, waits=ranks, barriers=(ranks - 1) + ranks + 1))
-    return [ag, rs, ar]
+    # two-shot: the owner's branch waits per rank and pushes its sum to every peer, the
+    # other branch pushes one partial; every rank then waits for the sums it copies
+    two_shot = dataclasses.replace(
+        ar, name="matmul_all_reduce_two_shot" + suffix,
+        constexprs=dict(ar.constexprs, TWO_SHOT=True),
+        expected=Expected(notifies=ranks, waits=ranks + 1, barriers=ranks + (ranks + 1) + 1))
+    return [ag, rs, ar, two_shot]
 
 
 def _moe(ranks: int) -> list[Case]:
