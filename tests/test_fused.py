@@ -51,7 +51,7 @@ def test_matmul_all_reduce(ranks, dtype):
 
 
 @pytest.mark.parametrize("ranks, dtype", [(2, jnp.float32), (3, jnp.bfloat16),
-                                          (4, jnp.float32),
+                                          pytest.param(4, jnp.float32, marks=pytest.mark.slow),
                                           pytest.param(8, jnp.bfloat16, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
 def test_matmul_all_reduce_two_shot(monkeypatch, ranks, dtype, persistent):
