@@ -118,7 +118,7 @@ def fill_programs(target: str = "cuda") -> int:
 
 def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
                  tma: bool = False, tile_kernel: bool = False,
-                 stream_k: bool = False) -> list[dict[str, int | bool]]:
+                 stream_k: bool = False, tma_store: bool = False) -> list[dict[str, int | bool]]:
     """The autotuner's configs for ``copies`` ``[m, k] @ [k, n]`` products in one grid:
     :func:`gemm_tiles`' choice first (with ``num_stages`` 3), then the target's space for
     the problem's size, clamped to the problem, without repeats. Each is a dict of the
@@ -136,7 +136,9 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     warp groups). ``stream_k``: each persistent config also comes with ``STREAM_K`` (the
     tiles of a partial last wave shared out by K blocks: ``kernels/gemm.py``'s
     ``stream_k_runs``) where its tiles leave a partial last wave of :func:`fill_programs`
-    programs. Configs whose 2-byte operands
+    programs. ``tma_store``: the caller's kernel can store its output tiles through a
+    descriptor: each ``USE_TMA`` config also comes in its ``TMA_STORE`` form (the fused
+    AG+GEMM, whose output is local). Configs whose 2-byte operands
     overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}
@@ -160,6 +162,9 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
             configs += [dict(c, num_warps=4, WARP_SPECIALIZE=True, TMA_STORE=True)
                         for c in configs if c["USE_TMA"] and c["num_warps"] == 8
                         and not c.get("FLATTEN") and not c.get("TMA_STORE")]
+    if tma_store:
+        configs += [dict(c, TMA_STORE=True) for c in configs
+                    if c["USE_TMA"] and not c.get("TMA_STORE")]
     if stream_k:
         configs += [dict(c, STREAM_K=True) for c in configs if c["PERSISTENT"]
                     and not c.get("WARP_SPECIALIZE") and (

@@ -49,6 +49,7 @@ def all_gather_matmul_kernel(
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
     USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = False,
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
@@ -59,8 +60,13 @@ def all_gather_matmul_kernel(
     (with ``PERSISTENT``): the first tiles of that order that would form a partial last
     wave (all of them when there are fewer tiles than programs: decode shapes) are
     shared out by K blocks first (``kernels/gemm.py``'s ``stream_k_runs``), then the rest
-    go whole.
+    go whole. ``TMA_STORE`` (with ``USE_TMA``, not ``BATCHED``): output tiles go out
+    through one descriptor of C as ``[num_ranks, m, N]`` (made once per program; a block
+    ``[1, BLOCK_M, BLOCK_N]`` is clipped at its shard's last row) instead of per-thread
+    stores.
     """
+    tl.static_assert(not TMA_STORE or (USE_TMA and not BATCHED),
+                     "all_gather_matmul_kernel: TMA_STORE needs USE_TMA and unbatched rows")
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
@@ -71,6 +77,10 @@ def all_gather_matmul_kernel(
     w_desc = w_ptr  # USE_TMA: the weights' descriptor, made once per program
     if USE_TMA:
         w_desc = weight_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N, W_NK)
+    c_desc = c_ptr  # TMA_STORE: C's descriptor, made once per program
+    if TMA_STORE:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[world, m, N], strides=[m * N, N, 1],
+                                           block_shape=[1, BLOCK_M, BLOCK_N])
     blocks = tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
         num_tiles = world * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -82,34 +92,36 @@ def all_gather_matmul_kernel(
             while block < end:
                 tile, k_first, k_last = stream_k_chunk(block, end, blocks)
                 _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr,
-                                        w_ptr, w_desc, bias_ptr, c_ptr, flags, partial_ptr,
-                                        counts_ptr, me, world, epoch, m, N, K, R, stride_wk,
-                                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                        BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, True)
+                                        w_ptr, w_desc, bias_ptr, c_ptr, c_desc, flags,
+                                        partial_ptr, counts_ptr, me, world, epoch, m, N, K, R,
+                                        stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                        GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK,
+                                        TMA_STORE, True)
                 block += k_last - k_first
             first += split
         for tile in range(first, num_tiles, tl.num_programs(0)):
             _all_gather_matmul_tile(tile, 0, blocks, blocks, 0, 0, x_ptr, w_ptr, w_desc,
-                                    bias_ptr, c_ptr, flags, partial_ptr, counts_ptr, me, world,
-                                    epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
-                                    BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
-                                    W_NK, False)
+                                    bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me,
+                                    world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
+                                    BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
+                                    USE_TMA, W_NK, TMA_STORE, False)
     else:
         _all_gather_matmul_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
-                                w_desc, bias_ptr, c_ptr, flags, partial_ptr, counts_ptr, me,
-                                world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
-                                BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
-                                USE_TMA, W_NK, False)
+                                w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr,
+                                counts_ptr, me, world, epoch, m, N, K, R, stride_wk,
+                                stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
+                                HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, False)
 
 
 @triton.jit
 def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, w_ptr, w_desc,
-                            bias_ptr, c_ptr, flags, partial_ptr, counts_ptr, me, world, epoch,
-                            m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
+                            bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world,
+                            epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                            USE_TMA: tl.constexpr, W_NK: tl.constexpr, SPLIT: tl.constexpr):
+                            USE_TMA: tl.constexpr, W_NK: tl.constexpr,
+                            TMA_STORE: tl.constexpr, SPLIT: tl.constexpr):
     """Output tile number ``tile`` of the rank-rotated order; ``SPLIT``: only its K blocks
     ``k_first:k_last``, a stream-K share (finished by the program that completes the tile)."""
     tiles_m = tl.cdiv(m, BLOCK_M)
@@ -131,26 +143,33 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, 
                           stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
     if SPLIT:  # a stream-K share: finished by the program that completes the tile
         if (k_first == 0) & (k_last == blocks):
-            _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R, BLOCK_M,
-                              BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION)
+            _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m,
+                              N, R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION,
+                              TMA_STORE)
         elif stream_k_share(acc, partial_ptr, counts_ptr, tl.program_id(0), tile, k_first,
                             k_last, blocks, share, extra, BLOCK_M, BLOCK_N):
             total = stream_k_sum(partial_ptr, tile, blocks, share, extra, 0, BLOCK_M, BLOCK_M,
                                  BLOCK_N)
-            _all_gather_store(total, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R,
-                              BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION)
+            _all_gather_store(total, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world,
+                              m, N, R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION,
+                              TMA_STORE)
     else:
-        _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R, BLOCK_M,
-                          BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION)
+        _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N,
+                          R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE)
 
 
 @triton.jit
-def _all_gather_store(acc, bias_ptr, c_ptr, shard, local_m, pid_n, world, m, N, R,
+def _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N, R,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BATCHED: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
-    """The epilogue of a finished tile of shard ``shard``, stored in place."""
+                      HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                      TMA_STORE: tl.constexpr):
+    """The epilogue of a finished tile of shard ``shard``, stored in place (``TMA_STORE``:
+    through C's ``[num_ranks, m, N]`` descriptor)."""
     acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
-    if BATCHED:  # row (b, i) of the shard goes to row b * num_ranks * R + shard * R + i
+    if TMA_STORE:
+        c_desc.store([shard, local_m * BLOCK_M, pid_n * BLOCK_N],
+                     acc.to(c_ptr.dtype.element_ty).reshape([1, BLOCK_M, BLOCK_N]))
+    elif BATCHED:  # row (b, i) of the shard goes to row b * num_ranks * R + shard * R + i
         store_rows_tile(c_ptr + shard * R * N, acc, local_m, pid_n, m, N, R, world * R, N,
                         BLOCK_M, BLOCK_N)
     else:

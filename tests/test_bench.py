@@ -1,5 +1,6 @@
 """The benchmark suites run (smoke test; speed is never asserted)."""
 
+import itertools
 import json
 
 import pytest
@@ -190,10 +191,11 @@ def test_overlap_bench_tunes_fused_op_and_gemm_alone_over_one_space():
     from jax_triton_dist.bench import overlap
 
     for op in overlap.SHAPES:
-        for world in (2, 8):
-            fused = overlap._tuned_job(op, world)
+        for world, form in itertools.product((2, 8), overlap.FORMS[op]):
+            fused = overlap._tuned_job(op, world, form)
             gemm = overlap._autotuned(overlap._gemm_job(op), op, world)
             assert fused["kernel"].configs == gemm["kernel"].configs
+            assert fused["kwargs"].items() >= overlap.FORMS[op][form].items()
             assert all(c.kwargs["PERSISTENT"] for c in gemm["kernel"].configs)
             assert any(c.kwargs["USE_TMA"] for c in gemm["kernel"].configs)
             for job in (fused, gemm):

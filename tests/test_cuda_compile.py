@@ -111,6 +111,20 @@ def test_stream_k_forms_of_fused_kernels_compile_for_sm90(name, use_tma):
     assert "ld.global.sys.acquire" in ptx and "atom.global.sys" in ptx
 
 
+def test_new_exchange_and_store_forms_compile_for_sm90():
+    """GEMM+AR's two-shot exchange (its sums pushed to the peers, then waited for and
+    copied) and AG+GEMM's TMA-store form (its output tiles as bulk tensor stores from
+    shared memory) compile for sm_90a with the op's waits and notifies kept."""
+    kernel, pointers, kwargs = CASES["matmul_all_reduce"]
+    ptx = ptx_of(kernel, pointers, dict(kwargs, PERSISTENT=True, USE_TMA=True, TWO_SHOT=True))
+    assert "wgmma.mma_async" in ptx
+    assert ptx.count("ld.global.sys.acquire") >= 2  # the owner's waits, the copies' waits
+    kernel, pointers, kwargs = CASES["all_gather_matmul"]
+    ptx = ptx_of(kernel, pointers, dict(kwargs, PERSISTENT=True, USE_TMA=True, TMA_STORE=True))
+    assert "cp.async.bulk.tensor.3d.global.shared" in ptx  # C's [ranks, m, N] descriptor
+    assert "wgmma.mma_async" in ptx and "ld.global.sys.acquire" in ptx
+
+
 def test_fence_lowers_to_ptx_fence():
     ptx = ptx_of(*CASES["shmem_calls"])
     assert "fence.acq_rel.sys" in ptx

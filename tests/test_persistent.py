@@ -76,6 +76,41 @@ def test_all_gather_matmul(persistent, ranks, dtype):
         assert_close(block, dot32(x, w), dtype)
 
 
+@pytest.mark.parametrize("persistent_form, stream_k", [
+    (True, False), (False, False), pytest.param(True, True, marks=pytest.mark.slow)],
+    ids=["persistent", "grid", "stream-k"])
+@pytest.mark.parametrize("ranks, dtype", [(2, jnp.float32), (3, jnp.bfloat16)])
+def test_all_gather_matmul_stores_through_a_descriptor(monkeypatch, persistent_form, stream_k,
+                                                       ranks, dtype):
+    """AG+GEMM's ``TMA_STORE`` form (output tiles through one ``[ranks, m, N]``
+    descriptor): 24 rows per shard in 16-row tiles, so each shard's last tile is clipped
+    at the shard's end (a 2-D descriptor of the whole output would spill its zero rows
+    into the next shard); with a bias and an activation; every rank's result."""
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
+              "num_stages": 3, "PERSISTENT": persistent_form, "USE_TMA": True,
+              "STREAM_K": stream_k, "TMA_STORE": True}
+    seen = []
+
+    def configs(m, n, k, copies=1, target="cuda", tma=False, tma_store=False, **_):
+        seen.append(tma_store)
+        return [config]
+
+    monkeypatch.setattr(tiles, "gemm_configs", configs)
+    monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": 3)
+    mesh = mesh_1d(ranks)
+    x, w = rand((ranks * 24, 48), ranks, dtype), rand((48, 64), 7, dtype, 0.2)
+    bias = rand((64,), 9, dtype)
+    f = jax.jit(jax.shard_map(
+        lambda a, b, c: jtd.all_gather_matmul(a, b, "x", bias=c, activation="relu"),
+        mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=P("x")))
+    for _ in range(2):
+        out = f(put(mesh, x, P("x")), put(mesh, w, P()), put(mesh, bias, P()))
+    assert seen and all(seen)  # the op asked for the TMA_STORE forms
+    want = jax.nn.relu(dot32(x, w) + bias.astype(jnp.float32))
+    for block in np.asarray(out, np.float32).reshape(ranks, ranks * 24, 64):
+        assert_close(block, want, dtype)
+
+
 @pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.float32),
                                          pytest.param(4, jnp.float32, marks=pytest.mark.slow),
                                          (2, jnp.bfloat16)])

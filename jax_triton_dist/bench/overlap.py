@@ -74,13 +74,14 @@ def _bf16(rng, shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32).astype(BF16)
 
 
-def _fused_job(op: str, world: int, form: str = "") -> dict[str, Any]:
+def _fused_job(op: str, world: int, form: str | None = None) -> dict[str, Any]:
     """``one_gpu`` arguments of the fused op at ``world`` ranks (bfloat16), in the
-    exchange ``form`` (a key of the op's :data:`FORMS`)."""
+    exchange ``form`` (a key of the op's :data:`FORMS`; by default its first)."""
     m, n, k = SHAPES[op]
     tile = DECODE_TILE if op == "matmul_all_reduce" else TILE
     rng = np.random.default_rng(0)
-    common = {**tile, "PERSISTENT": True, **FORMS[op][form]}
+    forms = FORMS[op]
+    common = {**tile, "PERSISTENT": True, **forms[next(iter(forms)) if form is None else form]}
     if op == "all_gather_matmul":
         rows = m // world
         x, w, bias = _bf16(rng, (rows, k)), _bf16(rng, (k, n), k ** -0.5), _bf16(rng, (1,))
@@ -130,12 +131,13 @@ def _local_rows(op: str, world: int) -> int:
 
 def _persistent_configs(op: str, world: int) -> list[autotune.Config]:
     """The persistent forms of the op's GEMM configs (``tiles.gemm_configs`` with tensor
-    descriptors), without repeats: what the tuned fused op and the tuned GEMM alone both
-    choose from."""
+    descriptors; for AG+GEMM, whose output is local, also storing through one), without
+    repeats: what the tuned fused op and the tuned GEMM alone both choose from."""
     _, n, k = SHAPES[op]
     copies = 1 if op == "matmul_all_reduce" else world
     configs = []
-    for config in tiles.gemm_configs(_local_rows(op, world), n, k, copies, tma=True):
+    for config in tiles.gemm_configs(_local_rows(op, world), n, k, copies, tma=True,
+                                     tma_store=op == "all_gather_matmul"):
         tuned = autotune.Config.from_table(dict(config, PERSISTENT=True))
         if tuned not in configs:
             configs.append(tuned)
@@ -151,7 +153,7 @@ def _autotuned(job: dict[str, Any], op: str, world: int) -> dict[str, Any]:
     return job
 
 
-def _tuned_job(op: str, world: int, form: str = "") -> dict[str, Any]:
+def _tuned_job(op: str, world: int, form: str | None = None) -> dict[str, Any]:
     """:func:`_fused_job`, autotuned (its workspaces sized by the chosen tile)."""
     job = _autotuned(_fused_job(op, world, form), op, world)
     if op != "all_gather_matmul":  # partial slots and flags of one rank's rows' tiles
