@@ -192,7 +192,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          "flags_ptr": "i32", **_STREAM_K_WORKSPACES},
         {"m": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
-             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False),
+             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False, TMA_STORE=False),
         # program 0 announces to every peer; a tile of a peer's shard waits once
         Expected(notifies=ranks - 1, waits=1))
     rs = Case(
