@@ -312,3 +312,41 @@ def test_agmm_mmrs_errors():
               scatter_dimension=3)
     with pytest.raises(ValueError, match=r"x.shape\[-1\] must equal w.shape\[0\]"):
         trace(jtd.all_gather_matmul, jnp.ones((4, 8)), jnp.ones((6, 4)))
+
+
+def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
+    """What the ops hand the autotuner: GEMM+AR both exchanges at several ranks (one-shot
+    first: the choice on CPU and with tuning off), one-shot alone at one rank; AG+GEMM the
+    TMA-store forms of its descriptor configs, unbatched only."""
+    from jax_triton_dist import autotune
+    from jax_triton_dist.fused import launch
+
+    spaces = []
+    real = autotune.autotune
+
+    def spy(configs, **kwargs):
+        spaces.append([c.kwargs for c in configs])
+        return real(configs, **kwargs)
+
+    monkeypatch.setattr(autotune, "autotune", spy)
+    for ranks in (1, 2):
+        x, w = inputs(ranks, m=8, k_local=16, n=32, dtype=jnp.float32, seed=ranks)
+        run_mar(mesh_1d(ranks), "x", x, w)
+    one, two = spaces
+    assert {c.get("TWO_SHOT") for c in one} == {False}
+    assert {c.get("TWO_SHOT") for c in two} == {False, True} and not two[0]["TWO_SHOT"]
+    assert [c for c in two if not c["TWO_SHOT"]] == one
+    assert launch.ALL_REDUCE_FORMS[0] == {"TWO_SHOT": False}
+
+    spaces.clear()
+    mesh = mesh_1d(2)
+    for shape in ((32, 64), (2, 16, 64)):  # rows, or batch entries of rows
+        x = jnp.ones(shape, jnp.float32)
+        w = jnp.ones((64, 32), jnp.float32)
+        jax.jit(jax.shard_map(lambda a, b: jtd.all_gather_matmul(a, b, "x", gather_axis=a.ndim - 2),
+                              mesh=mesh, in_specs=(P(*[None] * (len(shape) - 2), "x"), P()),
+                              out_specs=P(*[None] * (len(shape) - 2), "x")))(x, w)
+    flat, batched = spaces
+    assert any(c.get("TMA_STORE") for c in flat)
+    assert all(c["USE_TMA"] for c in flat if c.get("TMA_STORE"))
+    assert not any(c.get("TMA_STORE") for c in batched)
