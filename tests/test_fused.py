@@ -315,9 +315,10 @@ def test_agmm_mmrs_errors():
 
 
 def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
-    """What the ops hand the autotuner: GEMM+AR both exchanges at several ranks (one-shot
-    first: the choice on CPU and with tuning off), one-shot alone at one rank; AG+GEMM the
-    TMA-store forms of its descriptor configs, unbatched only."""
+    """What the ops hand the autotuner: GEMM+AR both exchanges at several ranks (the first
+    is the choice on CPU and with tuning off: one-shot for small outputs, as all_reduce
+    chooses), one-shot alone at one rank; AG+GEMM the TMA-store forms of its descriptor
+    configs, unbatched only."""
     from jax_triton_dist import autotune
     from jax_triton_dist.fused import launch
 
@@ -336,7 +337,11 @@ def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
     assert {c.get("TWO_SHOT") for c in one} == {False}
     assert {c.get("TWO_SHOT") for c in two} == {False, True} and not two[0]["TWO_SHOT"]
     assert [c for c in two if not c["TWO_SHOT"]] == one
-    assert launch.ALL_REDUCE_FORMS[0] == {"TWO_SHOT": False}
+    # the default (first) form follows all_reduce's one-shot limit
+    limit = launch.ONE_SHOT_MAX_BYTES
+    assert launch._all_reduce_forms(8, limit) == ({"TWO_SHOT": False}, {"TWO_SHOT": True})
+    assert launch._all_reduce_forms(8, limit + 1) == ({"TWO_SHOT": True}, {"TWO_SHOT": False})
+    assert launch._all_reduce_forms(1, limit + 1) == ({"TWO_SHOT": False},)
 
     spaces.clear()
     mesh = mesh_1d(2)

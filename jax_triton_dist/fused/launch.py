@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import triton
 
 from jax_triton_dist import autotune, tiles
+from jax_triton_dist.collectives.launch import ONE_SHOT_MAX_BYTES
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
 from jax_triton_dist.kernels.gemm_collectives import (
     all_gather_matmul_kernel,
@@ -67,9 +68,21 @@ def partial_dtype(dtype) -> jnp.dtype:
 STREAM_K = False  # whether the ops tune over their kernels' stream-K forms (see above)
 
 # GEMM+AR's exchanges (``kernels/gemm_allreduce.py``), each tuned with every GEMM config
-# where the team has more than one rank: one-shot (every rank sums every tile) first, the
-# default; two-shot (each tile summed by its owner rank, the sum pushed to the others).
+# where the team has more than one rank: one-shot (every rank sums every tile) and
+# two-shot (each tile summed by its owner rank, the sum pushed to the others). The first
+# form's configs run on CPU and with tuning off: one-shot for outputs up to
+# ``all_reduce``'s ``ONE_SHOT_MAX_BYTES`` per rank, two-shot above (the same rule).
 ALL_REDUCE_FORMS = ({"TWO_SHOT": False}, {"TWO_SHOT": True})
+
+
+def _all_reduce_forms(size: int, nbytes: int) -> tuple[dict, ...]:
+    """:data:`ALL_REDUCE_FORMS` in the order the op tunes them for ``size`` ranks and an
+    output of ``nbytes`` per rank (its default first); one-shot alone at one rank."""
+    if size == 1:
+        return ALL_REDUCE_FORMS[:1]
+    one_shot = [f for f in ALL_REDUCE_FORMS if not f["TWO_SHOT"]]
+    two_shot = [f for f in ALL_REDUCE_FORMS if f["TWO_SHOT"]]
+    return tuple(one_shot + two_shot if nbytes <= ONE_SHOT_MAX_BYTES else two_shot + one_shot)
 
 
 def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True,
@@ -175,7 +188,7 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
 
     return triton_call(
         _tuned(matmul_all_reduce_kernel, m, n, k, 1,
-               forms=ALL_REDUCE_FORMS if size > 1 else ALL_REDUCE_FORMS[:1]), x.reshape(m, k), w,
+               forms=_all_reduce_forms(size, m * n * x.dtype.itemsize)), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, m, n), partial_dtype(x.dtype)),
                                 Workspace((2, size, num_tiles(meta)), jnp.int32),
