@@ -192,9 +192,8 @@ def _copy_sums(c_ptr, slots, flags, first, step, me, world, epoch, M, N,
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     for tile in range(first, tiles_m * tiles_n, step):
-        if world > 1:
-            owner = tile % world
-            if owner != me:
-                pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-                copy_sum_tile(c_ptr, slots, flags, owner, M, N, pid_m, pid_n, tile,
-                              tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
+        owner = tile % world
+        if owner != me:
+            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            copy_sum_tile(c_ptr, slots, flags, owner, M, N, pid_m, pid_n, tile,
+                          tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)

@@ -45,14 +45,21 @@ def forward_tile(slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_til
     """Copies this rank's kept partial of the tile (:func:`keep_tile`) into slot ``me`` of
     rank ``peer``, ``BLOCK_M / SPLIT`` rows at a time, then raises flag ``(me, tile)``
     there. Holds no accumulator: for pushing one tile to many peers."""
+    _copy_tile(dl.symm_at(slots, peer) + me * rows * cols, slots + me * rows * cols, rows, cols,
+               pid_m, pid_n, BLOCK_M, BLOCK_N, SPLIT)
+    dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
+
+
+@triton.jit
+def _copy_tile(dst, src, rows, cols, pid_m, pid_n, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """Copies tile ``(pid_m, pid_n)`` of the ``[rows, cols]`` matrix at ``src`` to ``dst``,
+    ``BLOCK_M / SPLIT`` rows at a time (no accumulator-sized block held)."""
     SUB: tl.constexpr = BLOCK_M // SPLIT
-    own = slots + me * rows * cols
-    remote = dl.symm_at(slots, peer) + me * rows * cols
     for part in range(0, SPLIT):
         sub_m = pid_m * SPLIT + part
-        store_tile(remote, load_tile(own, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N),
-                   sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
-    dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
+        store_tile(dst, load_tile(src, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N), sub_m,
+                   pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
 
 
 @triton.jit
@@ -95,9 +102,5 @@ def copy_sum_tile(c_ptr, slots, flags, owner, rows, cols, pid_m, pid_n, tile, nu
     """Copies into ``C`` the sum of the tile that rank ``owner`` pushed into slot ``owner``
     (:func:`sum_tile` with ``BROADCAST``), once flag ``(owner, tile)`` reaches ``epoch``."""
     dl.wait(flags + owner * num_tiles + tile, 1, "sys", "acquire", epoch)
-    SUB: tl.constexpr = BLOCK_M // SPLIT
-    for part in range(0, SPLIT):
-        sub_m = pid_m * SPLIT + part
-        store_tile(c_ptr, load_tile(slots + owner * rows * cols, sub_m, pid_n, rows, cols,
-                                    cols, 1, SUB, BLOCK_N), sub_m, pid_n, rows, cols, cols,
-                   1, SUB, BLOCK_N)
+    _copy_tile(c_ptr, slots + owner * rows * cols, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N,
+               SPLIT)

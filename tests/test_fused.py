@@ -348,9 +348,10 @@ def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
     for shape in ((32, 64), (2, 16, 64)):  # rows, or batch entries of rows
         x = jnp.ones(shape, jnp.float32)
         w = jnp.ones((64, 32), jnp.float32)
-        jax.jit(jax.shard_map(lambda a, b: jtd.all_gather_matmul(a, b, "x", gather_axis=a.ndim - 2),
-                              mesh=mesh, in_specs=(P(*[None] * (len(shape) - 2), "x"), P()),
-                              out_specs=P(*[None] * (len(shape) - 2), "x")))(x, w)
+        spec = P(*[None] * (len(shape) - 2), "x")
+        jax.jit(jax.shard_map(
+            lambda a, b: jtd.all_gather_matmul(a, b, "x", gather_axis=a.ndim - 2),
+            mesh=mesh, in_specs=(spec, P()), out_specs=spec))(x, w)
     flat, batched = spaces
     assert any(c.get("TMA_STORE") for c in flat)
     assert all(c["USE_TMA"] for c in flat if c.get("TMA_STORE"))

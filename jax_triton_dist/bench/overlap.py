@@ -74,14 +74,13 @@ def _bf16(rng, shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32).astype(BF16)
 
 
-def _fused_job(op: str, world: int, form: str | None = None) -> dict[str, Any]:
+def _fused_job(op: str, world: int, form: str) -> dict[str, Any]:
     """``one_gpu`` arguments of the fused op at ``world`` ranks (bfloat16), in the
-    exchange ``form`` (a key of the op's :data:`FORMS`; by default its first)."""
+    exchange ``form`` (a key of the op's :data:`FORMS`)."""
     m, n, k = SHAPES[op]
     tile = DECODE_TILE if op == "matmul_all_reduce" else TILE
     rng = np.random.default_rng(0)
-    forms = FORMS[op]
-    common = {**tile, "PERSISTENT": True, **forms[next(iter(forms)) if form is None else form]}
+    common = {**tile, "PERSISTENT": True, **FORMS[op][form]}
     if op == "all_gather_matmul":
         rows = m // world
         x, w, bias = _bf16(rng, (rows, k)), _bf16(rng, (k, n), k ** -0.5), _bf16(rng, (1,))
@@ -153,7 +152,7 @@ def _autotuned(job: dict[str, Any], op: str, world: int) -> dict[str, Any]:
     return job
 
 
-def _tuned_job(op: str, world: int, form: str | None = None) -> dict[str, Any]:
+def _tuned_job(op: str, world: int, form: str) -> dict[str, Any]:
     """:func:`_fused_job`, autotuned (its workspaces sized by the chosen tile)."""
     job = _autotuned(_fused_job(op, world, form), op, world)
     if op != "all_gather_matmul":  # partial slots and flags of one rank's rows' tiles
@@ -176,7 +175,7 @@ def _time(job: dict[str, Any], world: int, programs: int, iters: int,
 def fused(worlds: list[int], iters: int) -> list[dict[str, Any]]:
     """Each fused op vs the local GEMMs alone, at each rank count."""
     rows = []
-    for op in SHAPES:
+    for op, (m, n, k) in SHAPES.items():
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
             gemm_s = _time(_gemm_job(op), world, programs, iters, WARPS[op])
@@ -184,7 +183,6 @@ def fused(worlds: list[int], iters: int) -> list[dict[str, Any]]:
             for form in FORMS[op]:
                 fused_s = _time(_fused_job(op, world, form), world, programs, iters, WARPS[op])
                 tuned_s = _time(_tuned_job(op, world, form), world, programs, iters)
-                m, n, k = SHAPES[op]
                 rows.append({"bench": "fused", "op": op, "form": form, "ranks": world,
                              "shape": f"{m}x{n}x{k}", "programs": programs,
                              "fused_us": fused_s * 1e6, "gemm_us": gemm_s * 1e6,
@@ -302,14 +300,13 @@ def waits(worlds: list[int]) -> list[dict[str, Any]]:
     """Each fused op and its GEMM alone (fixed tiles) at each rank count, timed from the
     inside (:func:`timeline_summary`)."""
     rows = []
-    for op in SHAPES:
+    for op, (m, n, k) in SHAPES.items():
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
             gemm_t, gemm_dropped = _timeline_of(_gemm_job(op), world, programs, WARPS[op])
             for form in FORMS[op]:
                 fused_t, dropped = _timeline_of(_fused_job(op, world, form), world, programs,
                                                 WARPS[op])
-                m, n, k = SHAPES[op]
                 rows.append({"bench": "waits", "op": op, "form": form, "ranks": world,
                              "shape": f"{m}x{n}x{k}", **fused_t,
                              "gemm_span_us": gemm_t["span_us"],

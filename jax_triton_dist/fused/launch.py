@@ -72,7 +72,7 @@ STREAM_K = False  # whether the ops tune over their kernels' stream-K forms (see
 # two-shot (each tile summed by its owner rank, the sum pushed to the others). The first
 # form's configs run on CPU and with tuning off: one-shot for outputs up to
 # ``all_reduce``'s ``ONE_SHOT_MAX_BYTES`` per rank, two-shot above (the same rule).
-ALL_REDUCE_FORMS = ({"TWO_SHOT": False}, {"TWO_SHOT": True})
+ALL_REDUCE_FORMS = ({"TWO_SHOT": False}, {"TWO_SHOT": True})  # one-shot first
 
 
 def _all_reduce_forms(size: int, nbytes: int) -> tuple[dict, ...]:
@@ -80,9 +80,7 @@ def _all_reduce_forms(size: int, nbytes: int) -> tuple[dict, ...]:
     output of ``nbytes`` per rank (its default first); one-shot alone at one rank."""
     if size == 1:
         return ALL_REDUCE_FORMS[:1]
-    one_shot = [f for f in ALL_REDUCE_FORMS if not f["TWO_SHOT"]]
-    two_shot = [f for f in ALL_REDUCE_FORMS if f["TWO_SHOT"]]
-    return tuple(one_shot + two_shot if nbytes <= ONE_SHOT_MAX_BYTES else two_shot + one_shot)
+    return ALL_REDUCE_FORMS if nbytes <= ONE_SHOT_MAX_BYTES else ALL_REDUCE_FORMS[::-1]
 
 
 def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True,
@@ -136,9 +134,9 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None,
         return size * triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(all_gather_matmul_kernel, m, n, k, size, tma_store=batch == 1), x.reshape(m, k),
-        w,
-        epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
+        _tuned(all_gather_matmul_kernel, m, n, k, size, tma_store=batch == 1),
+        x.reshape(m, k), w, epilogue.pop("bias"),
+        out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size), jnp.int32),
                                 *_stream_k_workspaces(meta, num_tiles(meta))],
         symmetric=[0], grid=_grid(num_tiles),
