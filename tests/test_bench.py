@@ -98,6 +98,25 @@ def test_timeline_summary_reads_spans_skew_and_waits():
         timeline_summary([])
 
 
+def test_timeline_summary_skips_an_epoch_whose_events_were_dropped():
+    """A later call whose program ends were dropped (past the capacity) is not read as a
+    shorter call: the latest complete epoch is; with none, the error counts the events."""
+    from jax_triton_dist.bench.overlap import timeline_summary
+
+    def ev(program, t_us, kind, epoch):
+        return {"pe": 0, "program": program, "time_ns": int(t_us * 1000), "kind": kind,
+                "epoch": epoch}
+
+    complete = [ev(0, 0, "PROGRAM_START", 1), ev(0, 80, "PROGRAM_END", 1),
+                ev(1, 5, "PROGRAM_START", 1), ev(1, 90, "PROGRAM_END", 1)]
+    cut = [ev(0, 100, "PROGRAM_START", 2), ev(0, 180, "PROGRAM_END", 2),
+           ev(1, 105, "PROGRAM_START", 2), ev(1, 110, "WAIT_START", 2)]
+    assert timeline_summary(complete + cut)["span_us"] == pytest.approx(90.0)
+    with pytest.raises(ValueError, match=r"2: \{'PROGRAM_END': 1, 'PROGRAM_START': 2, "
+                                         r"'WAIT_START': 1\}.*JTD_TIMELINE_EVENTS"):
+        timeline_summary(cut)
+
+
 def test_attention_benchmark_on_cpu(tmp_path, monkeypatch, capsys):
     from jax_triton_dist.bench import attention
 

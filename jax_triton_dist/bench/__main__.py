@@ -120,9 +120,14 @@ def main(argv: list[str] | None = None) -> None:
         device = jax.devices("gpu")[0]
         print(f"one-GPU overlap proxy on {device.device_kind}: ranks share the GPU (not "
               f"NVLink), median makespan of {args.iters}")
-        rows = overlap.run(args.ranks, args.iters, args.sizes, tuple(args.parts))
-        timing.print_parts(rows, overlap.COLUMNS)
-        timing.write_json(args.json, "overlap", rows)
+        rows: list = []
+
+        def part_done(new: list) -> None:  # each part's table and the JSON so far at once
+            rows.extend(new)
+            timing.print_parts(new, overlap.COLUMNS)
+            timing.write_json(args.json, "overlap", rows)
+
+        overlap.run(args.ranks, args.iters, args.sizes, tuple(args.parts), done=part_done)
         return
 
     if args.suite == "attention":

@@ -29,7 +29,8 @@ memory traffic).
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -250,16 +251,33 @@ def _copy_makespan(drv, world: int, size: int, iters: int, device: int = 0) -> f
 
 def timeline_summary(events: list[dict[str, Any]]) -> dict[str, float]:
     """Microseconds read off one call's timeline events (``jtd.timeline.Recording.events``;
-    the latest epoch's when there are several): ``span_us`` (first program start to last
-    program end, every rank), ``skew_us`` (spread of the ranks' first program starts),
-    ``program_us`` (mean program run time), ``wait_us`` / ``wait_max_us`` (mean and max
-    over programs of the time spent in ``dl.wait``)."""
+    the latest epoch in which every program that started also ended, when there are
+    several): ``span_us`` (first program start to last program end, every rank),
+    ``skew_us`` (spread of the ranks' first program starts), ``program_us`` (mean program
+    run time), ``wait_us`` / ``wait_max_us`` (mean and max over programs of the time spent
+    in ``dl.wait``)."""
     if not events:
         raise ValueError("no timeline events: was the launch timed?")
-    epoch = max(e["epoch"] for e in events)
+    by_epoch: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        by_epoch[e["epoch"]].append(e)
+    for epoch in sorted(by_epoch, reverse=True):
+        summary = _epoch_summary(by_epoch[epoch])
+        if summary is not None:
+            return summary
+    seen = {epoch: dict(sorted(Counter(e["kind"] for e in rows).items()))
+            for epoch, rows in sorted(by_epoch.items())}
+    raise ValueError(f"no epoch in which every program that started also ended (events "
+                     f"by epoch and kind: {seen}; events a program keeps past its capacity "
+                     f"are dropped: raise $JTD_TIMELINE_EVENTS)")
+
+
+def _epoch_summary(events: list[dict[str, Any]]) -> dict[str, float] | None:
+    """:func:`timeline_summary` of one epoch's events; None if some program's start or end
+    is missing (dropped)."""
     spans: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)
     waited: dict[tuple[int, int], int] = defaultdict(int)
-    for e in sorted((e for e in events if e["epoch"] == epoch), key=lambda e: e["time_ns"]):
+    for e in sorted(events, key=lambda e: e["time_ns"]):
         key = (e["pe"], e["program"])
         if e["kind"] == "PROGRAM_START":
             spans[key]["start"] = e["time_ns"]
@@ -269,17 +287,16 @@ def timeline_summary(events: list[dict[str, Any]]) -> dict[str, float]:
             spans[key]["wait"] = e["time_ns"]
         elif e["kind"] == "WAIT_END" and "wait" in spans[key]:
             waited[key] += e["time_ns"] - spans[key].pop("wait")
-    done = {k: v for k, v in spans.items() if "start" in v and "end" in v}
-    if not done:
-        raise ValueError(f"no program both started and ended in epoch {epoch}")
+    if not spans or any("start" not in v or "end" not in v for v in spans.values()):
+        return None
     first = defaultdict(lambda: float("inf"))
-    for (pe, _), v in done.items():
+    for (pe, _), v in spans.items():
         first[pe] = min(first[pe], v["start"])
-    waits = [waited[k] for k in done]
-    return {"span_us": (max(v["end"] for v in done.values())
-                        - min(v["start"] for v in done.values())) / 1e3,
+    waits = [waited[k] for k in spans]
+    return {"span_us": (max(v["end"] for v in spans.values())
+                        - min(v["start"] for v in spans.values())) / 1e3,
             "skew_us": (max(first.values()) - min(first.values())) / 1e3,
-            "program_us": statistics.mean(v["end"] - v["start"] for v in done.values()) / 1e3,
+            "program_us": statistics.mean(v["end"] - v["start"] for v in spans.values()) / 1e3,
             "wait_us": statistics.mean(waits) / 1e3, "wait_max_us": max(waits) / 1e3}
 
 
@@ -293,7 +310,11 @@ def _timeline_of(job: dict[str, Any], world: int, programs: int, num_warps: int
     with timeline.record() as recording:
         one_gpu.run_ranks(kernel, world, grid=(programs,), calls=2, num_warps=num_warps,
                           **job)
-    return timeline_summary(recording.events), recording.dropped
+    try:
+        return timeline_summary(recording.events), recording.dropped
+    except ValueError as error:
+        raise ValueError(f"{kernel.fn.__name__} at {world} ranks: {error}; "
+                         f"{recording.dropped} events dropped") from None
 
 
 def waits(worlds: list[int]) -> list[dict[str, Any]]:
@@ -303,13 +324,19 @@ def waits(worlds: list[int]) -> list[dict[str, Any]]:
     for op, (m, n, k) in SHAPES.items():
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
-            gemm_t, gemm_dropped = _timeline_of(_gemm_job(op), world, programs, WARPS[op])
             for form in FORMS[op]:
-                fused_t, dropped = _timeline_of(_fused_job(op, world, form), world, programs,
-                                                WARPS[op])
-                rows.append({"bench": "waits", "op": op, "form": form, "ranks": world,
-                             "shape": f"{m}x{n}x{k}", **fused_t,
-                             "gemm_span_us": gemm_t["span_us"],
+                row = {"bench": "waits", "op": op, "form": form, "ranks": world,
+                       "shape": f"{m}x{n}x{k}"}
+                try:  # a timeline that cannot be read fails its row, not the others
+                    gemm_t, gemm_dropped = _timeline_of(_gemm_job(op), world, programs,
+                                                        WARPS[op])
+                    fused_t, dropped = _timeline_of(_fused_job(op, world, form), world,
+                                                    programs, WARPS[op])
+                except (ValueError, RuntimeError) as error:
+                    rows.append({**row, "error": str(error)})
+                    print(f"waits: {op} {form} at {world} ranks: {error}")
+                    continue
+                rows.append({**row, **fused_t, "gemm_span_us": gemm_t["span_us"],
                              "gemm_skew_us": gemm_t["skew_us"],
                              "gemm_program_us": gemm_t["program_us"],
                              "program_ratio": fused_t["program_us"] / gemm_t["program_us"],
@@ -322,15 +349,21 @@ DEFAULT_PARTS = ("fused", "collectives")
 
 
 def run(worlds: list[int], iters: int, sizes: list[int],
-        parts: tuple[str, ...] = DEFAULT_PARTS) -> list[dict[str, Any]]:
-    """The chosen parts (:data:`PARTS`; by default :data:`DEFAULT_PARTS`); needs a GPU."""
+        parts: tuple[str, ...] = DEFAULT_PARTS,
+        done: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """The chosen parts (:data:`PARTS`; by default :data:`DEFAULT_PARTS`), in that order;
+    needs a GPU. ``done(rows)``: called after each part with its rows (a later part's
+    failure then keeps the earlier parts' results)."""
     rows = []
-    if "fused" in parts:
-        rows += fused(worlds, iters)
-    if "collectives" in parts:
-        rows += collectives(worlds, sizes, iters)
-    if "waits" in parts:
-        rows += waits(worlds)
+    for part in PARTS:
+        if part not in parts:
+            continue
+        new = {"fused": lambda: fused(worlds, iters),
+               "collectives": lambda: collectives(worlds, sizes, iters),
+               "waits": lambda: waits(worlds)}[part]()
+        rows += new
+        if done is not None:
+            done(new)
     return rows
 
 
@@ -347,7 +380,8 @@ COLUMNS = {
               ("gemm_skew_us", "GEMM skew us", ".1f"), ("program_us", "program us", ".1f"),
               ("gemm_program_us", "GEMM program us", ".1f"),
               ("program_ratio", "program/GEMM", ".3f"), ("wait_us", "wait us", ".1f"),
-              ("wait_max_us", "wait max us", ".1f"), ("dropped_events", "dropped", "d")],
+              ("wait_max_us", "wait max us", ".1f"), ("dropped_events", "dropped", "d"),
+              ("error", "error", "")],
     "collective": [("op", "op", ""), ("ranks", "ranks", "d"), ("bytes", "bytes/rank", "d"),
                    ("ours_us", "ours us", ".1f"), ("copy_us", "copies us", ".1f"),
                    ("ratio", "ours/copies", ".3f")],

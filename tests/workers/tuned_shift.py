@@ -39,8 +39,8 @@ def make(timer=None, configs=None, **options):
         token = dl.wait(flags_ptr + pid, 1, "sys", "acquire", epoch)
         buf_ptr = dl.consume_token(buf_ptr, token)
         got = tl.load(buf_ptr + offs, mask=mask)
-        if WRONG:  # a config that runs but computes the wrong thing (``check``'s tests)
-            got = got + 1.0
+        if WRONG:  # a config that runs but computes the wrong thing (``check``'s tests):
+            got = -got - 1.0  # wrong beyond any tolerance whatever the input's scale
         tl.store(out_ptr + offs, got, mask=mask)
 
     return tuned_shift_kernel
