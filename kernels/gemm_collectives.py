@@ -85,28 +85,28 @@ def all_gather_matmul_kernel(
     if PERSISTENT:
         num_tiles = world * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         first = tl.program_id(0)
+        waited = me  # the last shard whose flag this program acquired (its own needs none)
         if STREAM_K:
             split, block, end, share, extra = stream_k_runs(tl.program_id(0),
                                                             tl.num_programs(0), num_tiles,
                                                             blocks)
             while block < end:
                 tile, k_first, k_last = stream_k_chunk(block, end, blocks)
-                _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr,
-                                        w_ptr, w_desc, bias_ptr, c_ptr, c_desc, flags,
-                                        partial_ptr, counts_ptr, me, world, epoch, m, N, K, R,
-                                        stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                        GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK,
-                                        TMA_STORE, True)
+                waited = _all_gather_matmul_tile(
+                    tile, k_first, k_last, blocks, share, extra, waited, x_ptr, w_ptr, w_desc,
+                    bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world, epoch,
+                    m, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                    BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, True)
                 block += k_last - k_first
             first += split
         for tile in range(first, num_tiles, tl.num_programs(0)):
-            _all_gather_matmul_tile(tile, 0, blocks, blocks, 0, 0, x_ptr, w_ptr, w_desc,
-                                    bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me,
-                                    world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
-                                    BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
-                                    USE_TMA, W_NK, TMA_STORE, False)
+            waited = _all_gather_matmul_tile(
+                tile, 0, blocks, blocks, 0, 0, waited, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr,
+                c_desc, flags, partial_ptr, counts_ptr, me, world, epoch, m, N, K, R,
+                stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
+                ACTIVATION, USE_TMA, W_NK, TMA_STORE, False)
     else:
-        _all_gather_matmul_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
+        _all_gather_matmul_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, me, x_ptr, w_ptr,
                                 w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr,
                                 counts_ptr, me, world, epoch, m, N, K, R, stride_wk,
                                 stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
@@ -114,8 +114,8 @@ def all_gather_matmul_kernel(
 
 
 @triton.jit
-def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, w_ptr, w_desc,
-                            bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world,
+def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited, x_ptr, w_ptr,
+                            w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world,
                             epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
@@ -123,7 +123,10 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, 
                             USE_TMA: tl.constexpr, W_NK: tl.constexpr,
                             TMA_STORE: tl.constexpr, SPLIT: tl.constexpr):
     """Output tile number ``tile`` of the rank-rotated order; ``SPLIT``: only its K blocks
-    ``k_first:k_last``, a stream-K share (finished by the program that completes the tile)."""
+    ``k_first:k_last``, a stream-K share (finished by the program that completes the tile).
+    ``waited``: the shard whose flag this program acquired last (a persistent program's
+    tiles come shard after shard, so it waits once per shard, not once per tile); returns
+    the tile's shard, acquired now or before."""
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
                                             GROUP_M, 1)
@@ -131,7 +134,7 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, 
     k_start, k_end = k_columns(k_first, k_last, K, BLOCK_K, SPLIT)
     # The own shard needs no wait, and symm_at maps it to itself: one pointer for every
     # shard (a pointer chosen by a run-time branch defeats Ascend's pointer analysis).
-    if shard != me:
+    if (shard != me) & (shard != waited):
         dl.wait(flags + shard, 1, "sys", "acquire", epoch)
     a_ptr = dl.symm_at(x_ptr, shard)
     if USE_TMA:  # each shard is its own buffer: its descriptor is made per tile
@@ -156,6 +159,7 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, 
     else:
         _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N,
                           R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE)
+    return shard
 
 
 @triton.jit
