@@ -108,8 +108,10 @@ def test_overlap_waits_part_on_the_gpu():
     from jax_triton_dist.bench import overlap
 
     rows = overlap.waits([2])
-    assert [r["op"] for r in rows] == list(overlap.SHAPES)
+    assert [(r["op"], r["form"]) for r in rows] == [
+        (op, form) for op in overlap.SHAPES for form in overlap.FORMS[op]]
     for row in rows:
+        assert "error" not in row, row["error"]
         assert row["dropped_events"] == 0
         assert 0 < row["program_us"] <= row["span_us"] and row["gemm_span_us"] > 0
         assert 0 <= row["wait_us"] <= row["wait_max_us"] <= row["span_us"]
