@@ -98,6 +98,23 @@ def test_timeline_summary_reads_spans_skew_and_waits():
         timeline_summary([])
 
 
+def test_overlap_parts_report_as_each_ends(monkeypatch):
+    """``run(done=...)`` hands each part's rows over as the part ends, so a later part's
+    failure keeps the earlier tables (the GPU run that lost its fused table)."""
+    from jax_triton_dist.bench import overlap
+
+    monkeypatch.setattr(overlap, "fused", lambda worlds, iters: [{"bench": "fused"}])
+
+    def broken(worlds):
+        raise ValueError("timeline unreadable")
+
+    monkeypatch.setattr(overlap, "waits", broken)
+    seen = []
+    with pytest.raises(ValueError, match="timeline unreadable"):
+        overlap.run([2], 1, [], ("waits", "fused"), done=seen.append)
+    assert seen == [[{"bench": "fused"}]]  # parts run in PARTS' order
+
+
 def test_timeline_summary_skips_an_epoch_whose_events_were_dropped():
     """A later call whose program ends were dropped (past the capacity) is not read as a
     shorter call: the latest complete epoch is; with none, the error counts the events."""
