@@ -115,6 +115,31 @@ def test_overlap_parts_report_as_each_ends(monkeypatch):
     assert seen == [[{"bench": "fused"}]]  # parts run in PARTS' order
 
 
+def test_overlap_waits_reads_each_gemm_once_and_fails_only_unreadable_rows(monkeypatch):
+    from jax_triton_dist.bench import overlap
+
+    read = []
+
+    def timeline_of(job, world, programs, num_warps):
+        name = job["kernel"].fn.__name__
+        read.append((name, world, job["kwargs"].get("TWO_SHOT")))
+        if name == "matmul_reduce_scatter_kernel":
+            raise ValueError("no epoch in which every program that started also ended")
+        return {"span_us": 2.0, "skew_us": 0.0, "program_us": 1.0, "wait_us": 0.0,
+                "wait_max_us": 0.0}, 0
+
+    monkeypatch.setattr(overlap, "_timeline_of", timeline_of)
+    monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
+    rows = overlap.waits([2])
+    assert [name for name, *_ in read].count("matmul_kernel") == len(overlap.SHAPES)
+    assert [(r["op"], r["form"]) for r in rows] == [
+        (op, form) for op in overlap.SHAPES for form in overlap.FORMS[op]]
+    failed = [r for r in rows if "error" in r]
+    assert [r["op"] for r in failed] == ["matmul_reduce_scatter"]
+    assert "no epoch" in failed[0]["error"]
+    assert all(r["program_ratio"] == 1.0 for r in rows if "error" not in r)
+
+
 def test_timeline_summary_skips_an_epoch_whose_events_were_dropped():
     """A later call whose program ends were dropped (past the capacity) is not read as a
     shorter call: the latest complete epoch is; with none, the error counts the events."""

@@ -176,7 +176,7 @@ def test_all_gather_matmul_kernel_with_symmetric_staging(world, form):
     xs = rng.standard_normal((CALLS, world, m, k)).astype(np.float32)
     w = rng.standard_normal((k, n)).astype(np.float32) / 12
     tiles = 2  # BLOCK_M=32 over the shard's rows, BLOCK_N=128 over 128 columns
-    grid = world * tiles if not extra else max(1, world * tiles // 3)  # persistent: loops
+    grid = max(1, world * tiles // 3) if extra.get("PERSISTENT") else world * tiles  # loops
     out = one_gpu.run_ranks(
         all_gather_matmul_kernel, world, lambda c, r: [xs[c, r], w, w[0]],
         [((world * m, n), np.float32)], [((2, world), np.int32), *NO_STREAM_K],

@@ -319,29 +319,39 @@ def _timeline_of(job: dict[str, Any], world: int, programs: int, num_warps: int
 
 def waits(worlds: list[int]) -> list[dict[str, Any]]:
     """Each fused op and its GEMM alone (fixed tiles) at each rank count, timed from the
-    inside (:func:`timeline_summary`)."""
+    inside (:func:`timeline_summary`). A timeline that cannot be read fails its rows (with
+    the reason, under ``error``), not the others."""
     rows = []
     for op, (m, n, k) in SHAPES.items():
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
+            gemm_read = _read_timeline(_gemm_job(op), world, programs, WARPS[op])
             for form in FORMS[op]:
                 row = {"bench": "waits", "op": op, "form": form, "ranks": world,
                        "shape": f"{m}x{n}x{k}"}
-                try:  # a timeline that cannot be read fails its row, not the others
-                    gemm_t, gemm_dropped = _timeline_of(_gemm_job(op), world, programs,
-                                                        WARPS[op])
-                    fused_t, dropped = _timeline_of(_fused_job(op, world, form), world,
-                                                    programs, WARPS[op])
-                except (ValueError, RuntimeError) as error:
-                    rows.append({**row, "error": str(error)})
+                fused_read = _read_timeline(_fused_job(op, world, form), world, programs,
+                                            WARPS[op])
+                error = next((r for r in (gemm_read, fused_read) if isinstance(r, str)), None)
+                if error is not None:
+                    rows.append({**row, "error": error})
                     print(f"waits: {op} {form} at {world} ranks: {error}")
                     continue
+                (gemm_t, gemm_dropped), (fused_t, dropped) = gemm_read, fused_read
                 rows.append({**row, **fused_t, "gemm_span_us": gemm_t["span_us"],
                              "gemm_skew_us": gemm_t["skew_us"],
                              "gemm_program_us": gemm_t["program_us"],
                              "program_ratio": fused_t["program_us"] / gemm_t["program_us"],
                              "dropped_events": dropped + gemm_dropped})
     return rows
+
+
+def _read_timeline(job: dict[str, Any], world: int, programs: int, num_warps: int
+                   ) -> tuple[dict[str, float], int] | str:
+    """:func:`_timeline_of`, or why it could not be read (or the job failed)."""
+    try:
+        return _timeline_of(job, world, programs, num_warps)
+    except (ValueError, RuntimeError) as error:
+        return str(error)
 
 
 PARTS = ("fused", "collectives", "waits")
@@ -354,13 +364,12 @@ def run(worlds: list[int], iters: int, sizes: list[int],
     """The chosen parts (:data:`PARTS`; by default :data:`DEFAULT_PARTS`), in that order;
     needs a GPU. ``done(rows)``: called after each part with its rows (a later part's
     failure then keeps the earlier parts' results)."""
+    runs = {"fused": lambda: fused(worlds, iters),
+            "collectives": lambda: collectives(worlds, sizes, iters),
+            "waits": lambda: waits(worlds)}
     rows = []
-    for part in PARTS:
-        if part not in parts:
-            continue
-        new = {"fused": lambda: fused(worlds, iters),
-               "collectives": lambda: collectives(worlds, sizes, iters),
-               "waits": lambda: waits(worlds)}[part]()
+    for part in (p for p in PARTS if p in parts):
+        new = runs[part]()
         rows += new
         if done is not None:
             done(new)
