@@ -82,41 +82,48 @@ def all_gather_matmul_kernel(
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[world, m, N], strides=[m * N, N, 1],
                                            block_shape=[1, BLOCK_M, BLOCK_N])
     blocks = tl.cdiv(K, BLOCK_K)
+    # The last shard this program acquired (its own needs no wait) and, USE_TMA, the
+    # descriptor of that shard's rows: a persistent program's tiles come shard after shard,
+    # so it waits and makes a descriptor once per shard, not once per tile.
+    waited = me
+    a_desc = me
+    if USE_TMA:
+        a_desc = tile_descriptor(x_ptr, m, K, K, 1, BLOCK_M, BLOCK_K)
     if PERSISTENT:
         num_tiles = world * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         first = tl.program_id(0)
-        waited = me  # the last shard whose flag this program acquired (its own needs none)
         if STREAM_K:
             split, block, end, share, extra = stream_k_runs(tl.program_id(0),
                                                             tl.num_programs(0), num_tiles,
                                                             blocks)
             while block < end:
                 tile, k_first, k_last = stream_k_chunk(block, end, blocks)
-                waited = _all_gather_matmul_tile(
-                    tile, k_first, k_last, blocks, share, extra, waited, x_ptr, w_ptr, w_desc,
-                    bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world, epoch,
-                    m, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                    BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, True)
+                waited, a_desc = _all_gather_matmul_tile(
+                    tile, k_first, k_last, blocks, share, extra, waited, a_desc, x_ptr, w_ptr,
+                    w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world,
+                    epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                    GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, True)
                 block += k_last - k_first
             first += split
         for tile in range(first, num_tiles, tl.num_programs(0)):
-            waited = _all_gather_matmul_tile(
-                tile, 0, blocks, blocks, 0, 0, waited, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr,
-                c_desc, flags, partial_ptr, counts_ptr, me, world, epoch, m, N, K, R,
+            waited, a_desc = _all_gather_matmul_tile(
+                tile, 0, blocks, blocks, 0, 0, waited, a_desc, x_ptr, w_ptr, w_desc, bias_ptr,
+                c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world, epoch, m, N, K, R,
                 stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
                 ACTIVATION, USE_TMA, W_NK, TMA_STORE, False)
     else:
-        _all_gather_matmul_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, me, x_ptr, w_ptr,
-                                w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr,
-                                counts_ptr, me, world, epoch, m, N, K, R, stride_wk,
-                                stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
-                                HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, False)
+        _all_gather_matmul_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, waited, a_desc,
+                                x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, c_desc, flags,
+                                partial_ptr, counts_ptr, me, world, epoch, m, N, K, R,
+                                stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, False)
 
 
 @triton.jit
-def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited, x_ptr, w_ptr,
-                            w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me,
-                            world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
+def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited, a_desc, x_ptr,
+                            w_ptr, w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr,
+                            counts_ptr, me, world, epoch, m, N, K, R, stride_wk, stride_wn,
+                            BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -125,8 +132,9 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited,
     """Output tile number ``tile`` of the rank-rotated order; ``SPLIT``: only its K blocks
     ``k_first:k_last``, a stream-K share (finished by the program that completes the tile).
     ``waited``: the shard whose flag this program acquired last (a persistent program's
-    tiles come shard after shard, so it waits once per shard, not once per tile); returns
-    the tile's shard, acquired now or before."""
+    tiles come shard after shard, so it waits once per shard, not once per tile); ``a_desc``
+    (``USE_TMA``): that shard's descriptor, made again only when the shard changes. Returns
+    the tile's shard, acquired now or before, and its descriptor."""
     tiles_m = tl.cdiv(m, BLOCK_M)
     pid_m, pid_n, shard = rank_rotated_tile(tile, tiles_m, tl.cdiv(N, BLOCK_N), me, world,
                                             GROUP_M, 1)
@@ -137,10 +145,11 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited,
     if (shard != me) & (shard != waited):
         dl.wait(flags + shard, 1, "sys", "acquire", epoch)
     a_ptr = dl.symm_at(x_ptr, shard)
-    if USE_TMA:  # each shard is its own buffer: its descriptor is made per tile
-        acc = matmul_tile_tma(tile_descriptor(a_ptr, m, K, K, 1, BLOCK_M, BLOCK_K), w_desc,
-                              local_m * BLOCK_M, pid_n * BLOCK_N, k_start, k_end, BLOCK_M,
-                              BLOCK_N, BLOCK_K, W_NK)
+    if USE_TMA:
+        if shard != waited:  # a descriptor per shard (each its own buffer), kept while it lasts
+            a_desc = tile_descriptor(a_ptr, m, K, K, 1, BLOCK_M, BLOCK_K)
+        acc = matmul_tile_tma(a_desc, w_desc, local_m * BLOCK_M, pid_n * BLOCK_N, k_start,
+                              k_end, BLOCK_M, BLOCK_N, BLOCK_K, W_NK)
     else:
         acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, k_start, k_end, K, 1, stride_wk,
                           stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -159,7 +168,7 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited,
     else:
         _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N,
                           R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE)
-    return shard
+    return shard, a_desc
 
 
 @triton.jit
