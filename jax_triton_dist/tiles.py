@@ -118,7 +118,8 @@ def fill_programs(target: str = "cuda") -> int:
 
 def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
                  tma: bool = False, tile_kernel: bool = False,
-                 stream_k: bool = False, tma_store: bool = False) -> list[dict[str, int | bool]]:
+                 stream_k: bool = False, tma_store: bool = False,
+                 flatten: bool = False) -> list[dict[str, int | bool]]:
     """The autotuner's configs for ``copies`` ``[m, k] @ [k, n]`` products in one grid:
     :func:`gemm_tiles`' choice first (with ``num_stages`` 3), then the target's space for
     the problem's size, clamped to the problem, without repeats. Each is a dict of the
@@ -127,7 +128,7 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     strides; weights ``[K, N]`` or ``[N, K]``): each CUDA config also comes in its ``USE_TMA`` form,
     where ``k`` and ``n`` keep rows 16-byte aligned for any element type. ``tile_kernel``:
     the configs of the GEMM tile kernel (``kernels/gemm.py``), whose persistent ``USE_TMA``
-    configs also come in forms the fused kernels (tile loops that wait on flags, stores
+    configs also come in forms most fused kernels (tile loops that wait on flags, stores
     that go to peers) lack: ``FLATTEN`` (its tile and K loops pipelined as one) and
     ``TMA_STORE`` (output tiles stored through a descriptor), each and both; and those of
     8 warps (the large tiles) in ``WARP_SPECIALIZE`` forms, with ``TMA_STORE`` (which they
@@ -138,8 +139,10 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     ``stream_k_runs``) where its tiles leave a partial last wave of :func:`fill_programs`
     programs. ``tma_store``: the caller's kernel can store its output tiles through a
     descriptor: each ``USE_TMA`` config also comes in its ``TMA_STORE`` form (the fused
-    AG+GEMM, whose output is local). Configs whose 2-byte operands
-    overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
+    AG+GEMM, whose output is local). ``flatten``: the caller's persistent ``USE_TMA``
+    forms can pipeline their tile and K loops as one: each also comes with ``FLATTEN``
+    (AG+GEMM, whose waits come once per shard, before a shard's tile loop). Configs whose
+    2-byte operands overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}
     configs = [first]
@@ -165,6 +168,9 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     if tma_store:
         configs += [dict(c, TMA_STORE=True) for c in configs
                     if c["USE_TMA"] and not c.get("TMA_STORE")]
+    if flatten:
+        configs += [dict(c, FLATTEN=True) for c in configs
+                    if c["USE_TMA"] and c["PERSISTENT"] and not c.get("FLATTEN")]
     if stream_k:
         configs += [dict(c, STREAM_K=True) for c in configs if c["PERSISTENT"]
                     and not c.get("WARP_SPECIALIZE") and (

@@ -26,7 +26,7 @@ from jax_triton_dist.kernels.gemm import (
     weight_descriptor,
 )
 from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile
-from jax_triton_dist.swizzle import own_last_tile, rank_rotated_tile
+from jax_triton_dist.swizzle import grouped_tile, own_last_tile, rank_rotated_tile
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def all_gather_matmul_kernel(
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
     USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
-    TMA_STORE: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = False, FLATTEN: tl.constexpr = False,
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
@@ -63,10 +63,14 @@ def all_gather_matmul_kernel(
     go whole. ``TMA_STORE`` (with ``USE_TMA``, not ``BATCHED``): output tiles go out
     through one descriptor of C as ``[num_ranks, m, N]`` (made once per program; a block
     ``[1, BLOCK_M, BLOCK_N]`` is clipped at its shard's last row) instead of per-thread
-    stores.
+    stores. ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): each shard's tile loop and
+    K loop are pipelined as one, as the GEMM tile's ``FLATTEN`` form (the shard's wait
+    comes before its loop, so the loop holds no spin loop to stop the pipelining).
     """
     tl.static_assert(not TMA_STORE or (USE_TMA and not BATCHED),
                      "all_gather_matmul_kernel: TMA_STORE needs USE_TMA and unbatched rows")
+    tl.static_assert(not FLATTEN or (PERSISTENT and USE_TMA),
+                     "all_gather_matmul_kernel: FLATTEN needs PERSISTENT and USE_TMA")
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
@@ -105,12 +109,20 @@ def all_gather_matmul_kernel(
                     GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, True)
                 block += k_last - k_first
             first += split
-        for tile in range(first, num_tiles, tl.num_programs(0)):
-            waited, a_desc = _all_gather_matmul_tile(
-                tile, 0, blocks, blocks, 0, 0, waited, a_desc, x_ptr, w_ptr, w_desc, bias_ptr,
-                c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world, epoch, m, N, K, R,
-                stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                ACTIVATION, USE_TMA, W_NK, TMA_STORE, False)
+        # Whole tiles first, first + programs, ... of the order, shard by shard: one wait
+        # and one descriptor per shard, then a tile loop free of waits (FLATTEN pipelines it).
+        shard_tiles = num_tiles // world
+        for step in range(0, world):
+            start = step * shard_tiles
+            behind = tl.maximum(start - first, 0)
+            start = first + (behind + tl.num_programs(0) - 1) // tl.num_programs(0) * (
+                tl.num_programs(0))
+            if start < (step + 1) * shard_tiles:
+                waited, a_desc = _all_gather_shard_tiles(
+                    start, step, waited, a_desc, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, c_desc,
+                    flags, me, world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
+                    BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK,
+                    TMA_STORE, FLATTEN)
     else:
         _all_gather_matmul_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, waited, a_desc,
                                 x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, c_desc, flags,
@@ -168,6 +180,42 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited,
     else:
         _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N,
                           R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE)
+    return shard, a_desc
+
+
+@triton.jit
+def _all_gather_shard_tiles(start, step, waited, a_desc, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr,
+                            c_desc, flags, me, world, epoch, m, N, K, R, stride_wk, stride_wn,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                            BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr,
+                            W_NK: tl.constexpr, TMA_STORE: tl.constexpr,
+                            FLATTEN: tl.constexpr):
+    """A persistent program's whole tiles ``start, start + programs, ...`` of the ``step``-th
+    shard of the rank-rotated order (rank ``me + step``'s rows): the shard's flag acquired
+    and (``USE_TMA``) its descriptor made unless ``waited`` is that shard already, then the
+    tiles. Returns the shard and its descriptor (``waited`` and ``a_desc`` of the next)."""
+    tiles_m = tl.cdiv(m, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    shard = (me + step) % world
+    if (shard != me) & (shard != waited):
+        dl.wait(flags + shard, 1, "sys", "acquire", epoch)
+    a_ptr = dl.symm_at(x_ptr, shard)
+    if USE_TMA:  # noqa: SIM102 - a constexpr branch: without it a_desc holds no descriptor
+        if shard != waited:
+            a_desc = tile_descriptor(a_ptr, m, K, K, 1, BLOCK_M, BLOCK_K)
+    first = step * tiles_m * tiles_n
+    for tile in tl.range(start, first + tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
+        local_m, pid_n = grouped_tile(tile - first, tiles_m, tiles_n, GROUP_M)
+        if USE_TMA:
+            acc = matmul_tile_tma(a_desc, w_desc, local_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
+                                  BLOCK_M, BLOCK_N, BLOCK_K, W_NK)
+        else:
+            acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, 0, K, K, 1, stride_wk,
+                              stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+        _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N, R,
+                          BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE)
     return shard, a_desc
 
 

@@ -125,6 +125,25 @@ def test_new_exchange_and_store_forms_compile_for_sm90():
     assert "wgmma.mma_async" in ptx and "ld.global.sys.acquire" in ptx
 
 
+def test_flattened_all_gather_matmul_stays_pipelined_for_sm90():
+    """AG+GEMM's FLATTEN form (each shard's wait before its tile loop) compiles for sm_90a
+    to bulk tensor loads feeding wgmma with the shard waits kept, and its flattened loop
+    stays software-pipelined: at least the shared memory of the unflattened loop's stages
+    (a flattened loop with a spin loop in its body lost its pipelining: 48 KiB)."""
+    kernel, pointers, kwargs = CASES["all_gather_matmul"]
+    form = dict(kwargs, PERSISTENT=True, USE_TMA=True, BLOCK_N=256)
+    shared = {}
+    for flatten in (False, True):
+        signature, constexprs = signature_of(kernel, [("pointer", p) for p in pointers],
+                                             dict(form, FLATTEN=flatten))
+        compiled = compile_kernel(kernel, signature, constexprs, num_warps=8, num_stages=3)
+        ptx = compiled.asm["ptx"]
+        assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.shared" in ptx
+        assert "ld.global.sys.acquire" in ptx
+        shared[flatten] = compiled.metadata.shared
+    assert shared[True] >= shared[False] >= 3 * (128 + 256) * 64 * 2
+
+
 def test_fence_lowers_to_ptx_fence():
     ptx = ptx_of(*CASES["shmem_calls"])
     assert "fence.acq_rel.sys" in ptx

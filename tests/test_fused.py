@@ -318,7 +318,8 @@ def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
     """What the ops hand the autotuner: GEMM+AR both exchanges at several ranks (the first
     is the choice on CPU and with tuning off: one-shot for small outputs, as all_reduce
     chooses), one-shot alone at one rank; AG+GEMM the TMA-store forms of its descriptor
-    configs, unbatched only."""
+    configs, unbatched only, and the flattened forms of its persistent descriptor
+    configs."""
     from jax_triton_dist import autotune
     from jax_triton_dist.fused import launch
 
@@ -356,3 +357,7 @@ def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
     assert any(c.get("TMA_STORE") for c in flat)
     assert all(c["USE_TMA"] for c in flat if c.get("TMA_STORE"))
     assert not any(c.get("TMA_STORE") for c in batched)
+    for space in (flat, batched):
+        flattened = [c for c in space if c.get("FLATTEN")]
+        assert flattened and all(c["USE_TMA"] and c["PERSISTENT"] for c in flattened)
+        assert {c.get("TMA_STORE", False) for c in flattened} == {space is flat, False}

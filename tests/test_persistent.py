@@ -111,6 +111,75 @@ def test_all_gather_matmul_stores_through_a_descriptor(monkeypatch, persistent_f
         assert_close(block, want, dtype)
 
 
+def _one_config(monkeypatch, config, asked=None):
+    """Makes ``config`` the fused ops' only one (3 programs fill the device); records in
+    ``asked`` the keyword arguments each op asked ``gemm_configs`` for."""
+    def configs(m, n, k, copies=1, target="cuda", **kwargs):
+        if asked is not None:
+            asked.append(kwargs)
+        return [config]
+
+    monkeypatch.setattr(tiles, "gemm_configs", configs)
+    monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": 3)
+
+
+@pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma-store"])
+@pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.bfloat16),
+                                         (3, jnp.float32)])
+def test_all_gather_matmul_flattened(monkeypatch, tma_store, ranks, dtype):
+    """AG+GEMM's ``FLATTEN`` form (each shard's tile loop pipelined with its K loop, the
+    shard's wait before it): 3 programs over 8 tiles a shard, so each program starts each
+    shard at a different tile; 40 rows a shard in 16-row tiles (clipped last tiles); with
+    a bias and an activation; every rank's result."""
+    asked = []
+    _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
+                              "num_warps": 4, "num_stages": 3, "PERSISTENT": True,
+                              "USE_TMA": True, "FLATTEN": True, "TMA_STORE": tma_store},
+                asked)
+    mesh = mesh_1d(ranks)
+    x, w = rand((ranks * 40, 48), ranks + 30, dtype), rand((48, 32), 8, dtype, 0.2)
+    bias = rand((32,), 10, dtype)
+    f = jax.jit(jax.shard_map(
+        lambda a, b, c: jtd.all_gather_matmul(a, b, "x", bias=c, activation="silu"),
+        mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=P("x")))
+    for _ in range(2):
+        out = f(put(mesh, x, P("x")), put(mesh, w, P()), put(mesh, bias, P()))
+    assert asked and all(a.get("flatten") for a in asked)  # the op asked for FLATTEN forms
+    want = jax.nn.silu(dot32(x, w) + bias.astype(jnp.float32))
+    for block in np.asarray(out, np.float32).reshape(ranks, ranks * 40, 32):
+        assert_close(block, want, dtype)
+
+
+@pytest.mark.parametrize("form", [{}, {"USE_TMA": True, "FLATTEN": True}],
+                         ids=["pointers", "tma-flattened"])
+def test_all_gather_matmul_waits_once_per_peer_shard(monkeypatch, form):
+    """A persistent AG+GEMM program acquires each peer shard's flag once, however many of
+    the shard's tiles it computes (read from the timeline: 4 ranks, 3 programs, 8 tiles a
+    shard, so a program computes 2 or 3 tiles of each shard)."""
+    _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
+                              "num_warps": 4, "num_stages": 3, "PERSISTENT": True,
+                              "USE_TMA": False, **form})
+    ranks, programs, shard_tiles = 4, 3, 8
+    mesh = mesh_1d(ranks)
+    x, w = rand((ranks * 32, 32), 40), rand((32, 64), 41, scale=0.2)
+    f = jax.jit(jax.shard_map(lambda a, b: jtd.all_gather_matmul(a, b, "x"), mesh=mesh,
+                              in_specs=(P("x"), P()), out_specs=P("x")))
+    with jtd.timeline.record() as rec:
+        out = f(put(mesh, x, P("x")), put(mesh, w, P()))
+        out.block_until_ready()
+    for block in np.asarray(out).reshape(ranks, ranks * 32, 64):
+        assert_close(block, dot32(x, w), jnp.float32)
+    waits = {}
+    for e in rec.events:
+        if e["kind"] == "WAIT_START":
+            waits[e["rank"], e["program"]] = waits.get((e["rank"], e["program"]), 0) + 1
+    for rank in range(ranks):
+        for program in range(programs):
+            tiles = range(program, ranks * shard_tiles, programs)
+            peers = {t // shard_tiles for t in tiles} - {0}  # shard steps past its own
+            assert waits.get((rank, program), 0) == len(peers), (rank, program)
+
+
 @pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.float32),
                                          pytest.param(4, jnp.float32, marks=pytest.mark.slow),
                                          (2, jnp.bfloat16)])

@@ -84,17 +84,19 @@ def _all_reduce_forms(size: int, nbytes: int) -> tuple[dict, ...]:
 
 
 def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True,
-           tma_store: bool = False, forms: tuple[dict, ...] = ({},)) -> autotune.Autotuned:
+           tma_store: bool = False, flatten: bool = False,
+           forms: tuple[dict, ...] = ({},)) -> autotune.Autotuned:
     """``kernel`` with the GEMM configs of ``copies`` ``[m, k] @ [k, n]`` products: the
     fixed table's first (what runs on CPU and with tuning off), tuned on GPUs; with their
     tensor-descriptor forms where ``tma`` (weights of either layout: an ``[N, K]`` one is
     read in ``[BLOCK_N, BLOCK_K]`` blocks and transposed in shared memory), and where
-    ``tma_store`` with output tiles stored through a descriptor too; each in every
+    ``tma_store`` with output tiles stored through a descriptor too, and where ``flatten``
+    with the persistent ones' tile and K loops pipelined as one; each in every
     one of the kernel's ``forms`` (constexprs; the first form's come first). Every
     config's outputs are checked against the first's while tuning
     (``autotune(check=True)``)."""
     configs = tiles.gemm_configs(m, n, k, copies, tma=tma, stream_k=STREAM_K,
-                                 tma_store=tma_store)
+                                 tma_store=tma_store, flatten=flatten)
     return autotune.autotune([autotune.Config.from_table(dict(c, **form))
                               for form in forms for c in configs], check=True)(kernel)
 
@@ -134,7 +136,7 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, bias: jax.Array | None = None,
         return size * triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(all_gather_matmul_kernel, m, n, k, size, tma_store=batch == 1),
+        _tuned(all_gather_matmul_kernel, m, n, k, size, tma_store=batch == 1, flatten=True),
         x.reshape(m, k), w, epilogue.pop("bias"),
         out_shape=jax.ShapeDtypeStruct((size * m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size), jnp.int32),
