@@ -141,7 +141,8 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     descriptor: each ``USE_TMA`` config also comes in its ``TMA_STORE`` form (the fused
     AG+GEMM, whose output is local). ``flatten``: the caller's persistent ``USE_TMA``
     forms can pipeline their tile and K loops as one: each also comes with ``FLATTEN``
-    (AG+GEMM, whose waits come once per shard, before a shard's tile loop). Configs whose
+    (AG+GEMM, whose waits come once per shard, before a shard's tile loop; GEMM+RS, whose
+    peers' segments' loops only push). Configs whose
     2-byte operands overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}

@@ -113,10 +113,7 @@ def all_gather_matmul_kernel(
         # and one descriptor per shard, then a tile loop free of waits (FLATTEN pipelines it).
         shard_tiles = num_tiles // world
         for step in range(0, world):
-            start = step * shard_tiles
-            behind = tl.maximum(start - first, 0)
-            start = first + (behind + tl.num_programs(0) - 1) // tl.num_programs(0) * (
-                tl.num_programs(0))
+            start = _first_tile_from(first, step * shard_tiles)
             if start < (step + 1) * shard_tiles:
                 waited, a_desc = _all_gather_shard_tiles(
                     start, step, waited, a_desc, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, c_desc,
@@ -258,6 +255,7 @@ def matmul_reduce_scatter_kernel(
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
     USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (in the slots' type) into
@@ -270,8 +268,12 @@ def matmul_reduce_scatter_kernel(
     pushes all come before its waits). ``STREAM_K`` (with ``PERSISTENT``): the first tiles
     of that order that would form a partial last wave are shared out by K blocks first,
     then the rest go whole (a program's work still runs in the order, so its pushes still
-    come before its waits).
+    come before its waits). ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): each
+    segment's tile loop and K loop are pipelined as one, as the GEMM tile's ``FLATTEN``
+    form (the peers' segments' loops only push; the own segment's waits stay in its loop).
     """
+    tl.static_assert(not FLATTEN or (PERSISTENT and USE_TMA),
+                     "matmul_reduce_scatter_kernel: FLATTEN needs PERSISTENT and USE_TMA")
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
@@ -300,12 +302,23 @@ def matmul_reduce_scatter_kernel(
                                             ACTIVATION, USE_TMA, W_NK, True)
                 block += k_last - k_first
             first += split
-        for tile in range(first, world * tiles_per_segment, tl.num_programs(0)):
-            _matmul_reduce_scatter_tile(tile, 0, blocks, blocks, 0, 0, x_ptr, w_ptr, x_desc,
-                                        w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
-                                        counts_ptr, me, world, epoch, seg, N, K, R, stride_wk,
-                                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
-                                        HAS_BIAS, ACTIVATION, USE_TMA, W_NK, False)
+        # Whole tiles first, first + programs, ... of the order, segment by segment: the
+        # peers' (pushes only, a loop FLATTEN pipelines), then the own one (sums, waiting).
+        for step in range(0, world):
+            start = _first_tile_from(first, step * tiles_per_segment)
+            if start < (step + 1) * tiles_per_segment:
+                if step < world - 1:
+                    _reduce_scatter_segment_tiles(
+                        start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
+                        flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
+                        BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
+                        W_NK, False, FLATTEN)
+                else:
+                    _reduce_scatter_segment_tiles(
+                        start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
+                        flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
+                        BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
+                        W_NK, True, FLATTEN)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
                                     x_desc, w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
@@ -332,17 +345,9 @@ def _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra, x_p
     local_m = pid_m - segment * tiles_m
     k_start, k_end = k_columns(k_first, k_last, K, BLOCK_K, SPLIT)
 
-    if BATCHED:  # segment row (b, i) is row b * num_ranks * R + segment * R + i of x
-        acc = matmul_rows_tile(x_ptr + segment * R * K, w_ptr, local_m, pid_n, seg, N,
-                               k_start, k_end, R, world * R, K, 1, stride_wk, stride_wn,
-                               BLOCK_M, BLOCK_N, BLOCK_K)
-    elif USE_TMA:  # a tile past the segment's end reads the next one's rows: not stored
-        acc = matmul_tile_tma(x_desc, w_desc, segment * seg + local_m * BLOCK_M,
-                              pid_n * BLOCK_N, k_start, k_end, BLOCK_M, BLOCK_N, BLOCK_K,
-                              W_NK)
-    else:
-        acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, k_start,
-                          k_end, K, 1, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = _reduce_scatter_product(segment, local_m, pid_n, k_start, k_end, x_ptr, w_ptr,
+                                  x_desc, w_desc, world, seg, N, K, R, stride_wk, stride_wn,
+                                  BLOCK_M, BLOCK_N, BLOCK_K, BATCHED, USE_TMA, W_NK)
     if SPLIT:  # a stream-K share: finished by the program that completes the tile
         if (k_first == 0) & (k_last == blocks):
             _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
@@ -359,6 +364,66 @@ def _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra, x_p
         _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
                                world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
                                HAS_BIAS, ACTIVATION)
+
+
+@triton.jit
+def _reduce_scatter_product(segment, local_m, pid_n, k_start, k_end, x_ptr, w_ptr, x_desc,
+                            w_desc, world, seg, N, K, R, stride_wk, stride_wn,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, BATCHED: tl.constexpr,
+                            USE_TMA: tl.constexpr, W_NK: tl.constexpr):
+    """This rank's partial of tile ``(local_m, pid_n)`` of ``segment``, K columns
+    ``k_start:k_end`` (``USE_TMA`` applies to unbatched rows)."""
+    if BATCHED:  # segment row (b, i) is row b * num_ranks * R + segment * R + i of x
+        acc = matmul_rows_tile(x_ptr + segment * R * K, w_ptr, local_m, pid_n, seg, N,
+                               k_start, k_end, R, world * R, K, 1, stride_wk, stride_wn,
+                               BLOCK_M, BLOCK_N, BLOCK_K)
+    elif USE_TMA:  # a tile past the segment's end reads the next one's rows: not stored
+        acc = matmul_tile_tma(x_desc, w_desc, segment * seg + local_m * BLOCK_M,
+                              pid_n * BLOCK_N, k_start, k_end, BLOCK_M, BLOCK_N, BLOCK_K,
+                              W_NK)
+    else:
+        acc = matmul_tile(x_ptr + segment * seg * K, w_ptr, local_m, pid_n, seg, N, k_start,
+                          k_end, K, 1, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+    return acc
+
+
+@triton.jit
+def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
+                                  slots, flags, me, world, epoch, seg, N, K, R, stride_wk,
+                                  stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                                  BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                  ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr,
+                                  W_NK: tl.constexpr, OWN: tl.constexpr,
+                                  FLATTEN: tl.constexpr):
+    """A persistent program's whole tiles ``start, start + programs, ...`` of the
+    ``step``-th segment of the own-segment-last order: pushed to their owner, or (``OWN``:
+    the last step, this rank's segment) summed with the peers' partials."""
+    tiles_m = tl.cdiv(seg, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    segment = (me + 1 + step) % world
+    first = step * tiles_m * tiles_n
+    for tile in tl.range(start, first + tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
+        local_m, pid_n = grouped_tile(tile - first, tiles_m, tiles_n, GROUP_M)
+        acc = _reduce_scatter_product(segment, local_m, pid_n, 0, K, x_ptr, w_ptr, x_desc,
+                                      w_desc, world, seg, N, K, R, stride_wk, stride_wn,
+                                      BLOCK_M, BLOCK_N, BLOCK_K, BATCHED, USE_TMA, W_NK)
+        if OWN:
+            _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n,
+                                   me, world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
+                                   HAS_BIAS, ACTIVATION)
+        else:
+            push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n,
+                      local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _first_tile_from(first, lo):
+    """The first of a persistent program's tiles ``first, first + programs, ...`` that is
+    at least ``lo``."""
+    behind = tl.maximum(lo - first, 0)
+    return first + (behind + tl.num_programs(0) - 1) // tl.num_programs(0) * tl.num_programs(0)
 
 
 @triton.jit

@@ -131,15 +131,15 @@ def _local_rows(op: str, world: int) -> int:
 
 def _persistent_configs(op: str, world: int) -> list[autotune.Config]:
     """The persistent forms of the op's GEMM configs (``tiles.gemm_configs`` with tensor
-    descriptors; for AG+GEMM, whose output is local, also storing through one, and
-    flattened), without
+    descriptors; for AG+GEMM, whose output is local, also storing through one; for AG+GEMM
+    and GEMM+RS also flattened), without
     repeats: what the tuned fused op and the tuned GEMM alone both choose from."""
     _, n, k = SHAPES[op]
     copies = 1 if op == "matmul_all_reduce" else world
     configs = []
     for config in tiles.gemm_configs(_local_rows(op, world), n, k, copies, tma=True,
                                      tma_store=op == "all_gather_matmul",
-                                     flatten=op == "all_gather_matmul"):
+                                     flatten=op != "matmul_all_reduce"):
         tuned = autotune.Config.from_table(dict(config, PERSISTENT=True))
         if tuned not in configs:
             configs.append(tuned)

@@ -163,7 +163,8 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
         return triton.cdiv(seg, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(matmul_reduce_scatter_kernel, seg, n, k, size, tma=batch == 1),
+        _tuned(matmul_reduce_scatter_kernel, seg, n, k, size, tma=batch == 1,
+               flatten=batch == 1),
         x.reshape(batch * rows, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, seg, n), partial_dtype(x.dtype)),
