@@ -270,7 +270,8 @@ def matmul_reduce_scatter_kernel(
     then the rest go whole (a program's work still runs in the order, so its pushes still
     come before its waits). ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): each
     segment's tile loop and K loop are pipelined as one, as the GEMM tile's ``FLATTEN``
-    form (the peers' segments' loops only push; the own segment's waits stay in its loop).
+    form, for the peers' segments (their loops only push; the own segment's loop, which
+    waits, stays as it is).
     """
     tl.static_assert(not FLATTEN or (PERSISTENT and USE_TMA),
                      "matmul_reduce_scatter_kernel: FLATTEN needs PERSISTENT and USE_TMA")
@@ -303,7 +304,8 @@ def matmul_reduce_scatter_kernel(
                 block += k_last - k_first
             first += split
         # Whole tiles first, first + programs, ... of the order, segment by segment: the
-        # peers' (pushes only, a loop FLATTEN pipelines), then the own one (sums, waiting).
+        # peers' (pushes only, a loop FLATTEN pipelines), then the own one (sums, waiting;
+        # never flattened: Triton 3.6's loop fusion fails on its waits' nested loops).
         for step in range(0, world):
             start = _first_tile_from(first, step * tiles_per_segment)
             if start < (step + 1) * tiles_per_segment:
@@ -318,7 +320,7 @@ def matmul_reduce_scatter_kernel(
                         start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
                         flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
                         BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
-                        W_NK, True, FLATTEN)
+                        W_NK, True, False)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
                                     x_desc, w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,

@@ -130,7 +130,16 @@ def test_flattened_all_gather_matmul_stays_pipelined_for_sm90():
     to bulk tensor loads feeding wgmma with the shard waits kept, and its flattened loop
     stays software-pipelined: at least the shared memory of the unflattened loop's stages
     (a flattened loop with a spin loop in its body lost its pipelining: 48 KiB)."""
-    kernel, pointers, kwargs = CASES["all_gather_matmul"]
+    _assert_flattened_stays_pipelined("all_gather_matmul")
+
+
+def test_flattened_matmul_reduce_scatter_stays_pipelined_for_sm90():
+    """GEMM+RS's FLATTEN form (the peers' segments in loops that only push) likewise."""
+    _assert_flattened_stays_pipelined("matmul_reduce_scatter")
+
+
+def _assert_flattened_stays_pipelined(name):
+    kernel, pointers, kwargs = CASES[name]
     form = dict(kwargs, PERSISTENT=True, USE_TMA=True, BLOCK_N=256)
     shared = {}
     for flatten in (False, True):

@@ -150,6 +150,30 @@ def test_all_gather_matmul_flattened(monkeypatch, tma_store, ranks, dtype):
         assert_close(block, want, dtype)
 
 
+@pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.bfloat16),
+                                         (3, jnp.float32)])
+def test_matmul_reduce_scatter_flattened(monkeypatch, ranks, dtype):
+    """GEMM+RS's ``FLATTEN`` form (the peers' segments in pipelined loops that only push,
+    the own segment last): 3 programs over 6 tiles a segment (40 rows in 16-row tiles,
+    clipped); with a bias and an activation; back to back; every rank's segment."""
+    asked = []
+    _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
+                              "num_warps": 4, "num_stages": 3, "PERSISTENT": True,
+                              "USE_TMA": True, "FLATTEN": True}, asked)
+    mesh = mesh_1d(ranks)
+    x, w = rand((ranks * 40, ranks * 16), ranks + 50, dtype), rand((ranks * 16, 32), 51, dtype,
+                                                                    0.2)
+    bias = rand((32,), 52, dtype)
+    f = jax.jit(jax.shard_map(
+        lambda a, b, c: jtd.matmul_reduce_scatter(a, b, "x", bias=c, activation="gelu"),
+        mesh=mesh, in_specs=(P(None, "x"), P("x", None), P()), out_specs=P("x")))
+    for _ in range(3):
+        out = f(put(mesh, x, P(None, "x")), put(mesh, w, P("x", None)), put(mesh, bias, P()))
+    assert asked and all(a.get("flatten") for a in asked)
+    want = jax.nn.gelu(dot32(x, w) + bias.astype(jnp.float32), approximate=False)
+    assert_close(out, want, dtype)
+
+
 @pytest.mark.parametrize("form", [{}, {"USE_TMA": True, "FLATTEN": True}],
                          ids=["pointers", "tma-flattened"])
 def test_all_gather_matmul_waits_once_per_peer_shard(monkeypatch, form):
