@@ -208,9 +208,12 @@ class _Job:
             for kind, index, value, alt, size in loaded.params:
                 if kind == ParamKind.OPERAND:
                     values.append(self.in_bufs[rank][index - 1])
-                elif kind == ParamKind.STAGED:  # as the FFI handler stages it
+                elif kind == ParamKind.STAGED:  # as the FFI handler stages it: on the
+                    # launch's stream, before the kernel (a blocking copy would hold the
+                    # host, and so every later rank's launch, until the copy ends)
                     slot = device_abi.staging_slot(epoch, value, alt)
-                    heap.copy(rank, slot, self.in_bufs[rank][index - 1], size)
+                    drv.copy_async(self.device, slot, self.in_bufs[rank][index - 1], size,
+                                   self.streams[rank])
                     values.append(slot)
                 elif kind == ParamKind.RESULT:
                     values.append(self.out_bufs[rank][index])

@@ -271,7 +271,7 @@ def matmul_reduce_scatter_kernel(
     come before its waits). ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): each
     segment's tile loop and K loop are pipelined as one, as the GEMM tile's ``FLATTEN``
     form, for the peers' segments (their loops only push; the own segment's loop, which
-    waits, stays as it is).
+    waits, stays as it is) and for one rank (no exchange).
     """
     tl.static_assert(not FLATTEN or (PERSISTENT and USE_TMA),
                      "matmul_reduce_scatter_kernel: FLATTEN needs PERSISTENT and USE_TMA")
@@ -306,21 +306,28 @@ def matmul_reduce_scatter_kernel(
         # Whole tiles first, first + programs, ... of the order, segment by segment: the
         # peers' (pushes only, a loop FLATTEN pipelines), then the own one (sums, waiting;
         # never flattened: Triton 3.6's loop fusion fails on its waits' nested loops).
-        for step in range(0, world):
-            start = _first_tile_from(first, step * tiles_per_segment)
-            if start < (step + 1) * tiles_per_segment:
-                if step < world - 1:
-                    _reduce_scatter_segment_tiles(
-                        start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
-                        flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
-                        BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
-                        W_NK, False, FLATTEN)
-                else:
-                    _reduce_scatter_segment_tiles(
-                        start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
-                        flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
-                        BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
-                        W_NK, True, False)
+        # One rank (folded where the rank count is compiled in): one loop of stores.
+        if world == 1:  # nothing to exchange: the GEMM's tile loop, stores only
+            _reduce_scatter_segment_tiles(
+                first, 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots, flags, me,
+                world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "store", FLATTEN)
+        else:
+            for step in range(0, world):
+                start = _first_tile_from(first, step * tiles_per_segment)
+                if start < (step + 1) * tiles_per_segment:
+                    if step < world - 1:
+                        _reduce_scatter_segment_tiles(
+                            start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
+                            flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
+                            ACTIVATION, USE_TMA, W_NK, "push", FLATTEN)
+                    else:
+                        _reduce_scatter_segment_tiles(
+                            start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
+                            flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
+                            ACTIVATION, USE_TMA, W_NK, "sum", False)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
                                     x_desc, w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
@@ -397,11 +404,12 @@ def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bia
                                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                   BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
                                   ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr,
-                                  W_NK: tl.constexpr, OWN: tl.constexpr,
+                                  W_NK: tl.constexpr, FINISH: tl.constexpr,
                                   FLATTEN: tl.constexpr):
     """A persistent program's whole tiles ``start, start + programs, ...`` of the
-    ``step``-th segment of the own-segment-last order: pushed to their owner, or (``OWN``:
-    the last step, this rank's segment) summed with the peers' partials."""
+    ``step``-th segment of the own-segment-last order, each finished as ``FINISH`` says:
+    ``"push"`` to its owner (a peer's segment), ``"sum"`` with the peers' partials (the
+    own segment, the last step), or ``"store"`` (one rank: the product is the result)."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     segment = (me + 1 + step) % world
@@ -411,13 +419,16 @@ def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bia
         acc = _reduce_scatter_product(segment, local_m, pid_n, 0, K, x_ptr, w_ptr, x_desc,
                                       w_desc, world, seg, N, K, R, stride_wk, stride_wn,
                                       BLOCK_M, BLOCK_N, BLOCK_K, BATCHED, USE_TMA, W_NK)
-        if OWN:
+        if FINISH == "push":
+            push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n,
+                      local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
+        elif FINISH == "sum":
             _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n,
                                    me, world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
                                    HAS_BIAS, ACTIVATION)
         else:
-            push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n,
-                      local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
+            acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
+            store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
