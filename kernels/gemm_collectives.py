@@ -422,10 +422,11 @@ def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bia
         if FINISH == "push":
             push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n,
                       local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
-        elif FINISH == "sum":
-            _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n,
-                                   me, world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
-                                   HAS_BIAS, ACTIVATION)
+        elif FINISH == "sum":  # the own segment (segment == me) of several ranks
+            keep_tile(acc, slots, me, seg, N, local_m, pid_n, BLOCK_M, BLOCK_N)
+            sum_tile(c_ptr, slots, flags, me, world, seg, N, local_m, pid_n,
+                     local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, bias_ptr, BLOCK_M,
+                     BLOCK_N, HAS_BIAS, ACTIVATION)
         else:
             acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
             store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)

@@ -192,7 +192,8 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          "flags_ptr": "i32", **_STREAM_K_WORKSPACES},
         {"m": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
-             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False, TMA_STORE=False),
+             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False, TMA_STORE=False,
+             FLATTEN=False),
         # program 0 announces to every peer; a tile of a peer's shard waits once
         Expected(notifies=ranks - 1, waits=1))
     rs = Case(
@@ -203,7 +204,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          **_STREAM_K_WORKSPACES},
         {"seg": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
-             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False),
+             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False, FLATTEN=False),
         # a peer segment's tile is pushed once; the own segment's tile waits per rank;
         # keep_tile adds a barrier
         Expected(notifies=1, waits=ranks, barriers=1 + ranks + 1))
