@@ -171,6 +171,11 @@ class _Job:
         self.team.region = self.contexts
         site.teams[()] = self.team
         self.streams = [drv.stream_create(device) for _ in range(world)]
+        # The gate: every rank's stream waits on it until all launches are enqueued.
+        self.gate_stream = drv.stream_create(device)
+        self.gate = drv.alloc(device, 4)
+        drv.write(device, self.gate, bytes(4))
+        self.releases = 0
         self.in_bufs = [[drv.alloc(device, max(a.nbytes, 1)) for a in first]
                         for _ in range(world)]
         self.out_bufs = [[drv.alloc(device, max(site.outputs[i].nbytes, 1))
@@ -199,9 +204,25 @@ class _Job:
             self.drv.write(self.device, self.contexts[rank][1] + device_abi.EPOCH_OFFSET,
                            struct.pack("<i", self.epoch))
 
-    def launch(self, call: int, ends: list[int] | None = None) -> None:
-        """Every rank's launch of the current epoch, in a rotating order (a different rank
-        starts first each call); ``ends``: an event per rank recorded after its launch."""
+    def launch(self, call: int, ends: list[int] | None = None,
+               start: int | None = None) -> None:
+        """Every rank's launch of the current epoch, enqueued in a rotating order (a
+        different rank first each call) behind a gate that opens once all are enqueued, so
+        the ranks start together, as ranks launched by processes of their own can, rather
+        than one host launch apart; ``start``: an event recorded as the gate opens;
+        ``ends``: an event per rank recorded after its launch."""
+        drv = self.drv
+        self.releases += 1
+        for stream in self.streams:
+            drv.stream_wait_value(self.device, stream, self.gate, self.releases)
+        try:
+            if start is not None:
+                drv.event_record(self.device, start, self.streams[0])
+            self._enqueue(call, ends)
+        finally:  # open the gate even if an enqueue failed (the streams would wait forever)
+            drv.stream_write_value(self.device, self.gate_stream, self.gate, self.releases)
+
+    def _enqueue(self, call: int, ends: list[int] | None) -> None:
         epoch, drv = self.epoch, self.drv
         for rank in [(call + i) % self.world for i in range(self.world)]:
             loaded, values = self.loaded[rank], []
@@ -239,9 +260,10 @@ class _Job:
 
     def close(self) -> None:
         drv, device = self.drv, self.device
-        for stream in self.streams:
+        for stream in (*self.streams, self.gate_stream):
             drv.stream_synchronize(device, stream)
             drv.stream_destroy(device, stream)
+        drv.free(device, self.gate)
         for buf in itertools.chain(*self.in_bufs, *self.out_bufs):
             drv.free(device, buf)
         for item in self.loaded:
@@ -311,8 +333,8 @@ def time_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np
                warmup: int = 2, device: int = 0, symmetric: Sequence[int] = (),
                num_warps: int | None = None, num_stages: int | None = None) -> list[float]:
     """Seconds of each of ``calls`` timed calls of :func:`run_ranks`' job (after
-    ``warmup`` untimed ones), on the first call's inputs: from an event recorded before
-    the ranks' launches to the last rank's end (their makespan, launch skew included).
+    ``warmup`` untimed ones), on the first call's inputs: from the moment the ranks are
+    released together (``_Job.launch``'s gate) to the last rank's end (their makespan).
     Arguments as :func:`run_ranks`."""
     job = _Job("time_ranks", kernel, world, inputs, outputs, workspaces, grid, kwargs,
                device, symmetric, _options(num_warps, num_stages))
@@ -327,8 +349,7 @@ def time_ranks(kernel: Any, world: int, inputs: Callable[[int, int], Sequence[np
         seconds = []
         for call in range(calls):
             job.next_epoch()
-            drv.event_record(device, start, job.streams[0])
-            job.launch(call, ends)
+            job.launch(call, ends, start)
             job.finish(call)
             seconds.append(max(drv.event_elapsed_ms(device, start, end) for end in ends) / 1e3)
         return seconds
