@@ -132,9 +132,8 @@ def all_gather_matmul_kernel(
 def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited, a_desc, x_ptr,
                             w_ptr, w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr,
                             counts_ptr, me, world, epoch, m, N, K, R, stride_wk, stride_wn,
-                            BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                             USE_TMA: tl.constexpr, W_NK: tl.constexpr,
                             TMA_STORE: tl.constexpr, SPLIT: tl.constexpr):
