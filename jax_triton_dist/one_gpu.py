@@ -213,9 +213,9 @@ class _Job:
         ``ends``: an event per rank recorded after its launch."""
         drv = self.drv
         self.releases += 1
-        for stream in self.streams:
-            drv.stream_wait_value(self.device, stream, self.gate, self.releases)
-        try:
+        try:  # (the waits inside: streams already held must be let go if a later one fails)
+            for stream in self.streams:
+                drv.stream_wait_value(self.device, stream, self.gate, self.releases)
             if start is not None:
                 drv.event_record(self.device, start, self.streams[0])
             self._enqueue(call, ends)
