@@ -2,10 +2,11 @@
 
 Each rank is a PE of the ``cuda`` SHMEM backend with its heap on the same GPU, and gets
 its own copy of the kernel module (its ``jtd_ctx`` points at its own rank context) and
-its own stream; the ranks' launches
-overlap on the GPU and exchange data and flags through its memory exactly as they would
-across GPUs. This tests the CUDA memory ordering of distributed kernels (release/acquire
-signals, waits, double buffering across calls) where only one GPU is available.
+its own stream; the ranks' launches are enqueued behind a gate that opens once all are
+enqueued (so they start together, not one host launch apart), overlap on the GPU and
+exchange data and flags through its memory exactly as they would across GPUs. This tests
+the CUDA memory ordering of distributed kernels (release/acquire signals, waits, double
+buffering across calls) where only one GPU is available.
 
 The ranks' programs must all be resident at once (``world * num_programs`` no more than
 the GPU's multiprocessors), or their spin waits cannot make progress; the waits'

@@ -14,7 +14,8 @@ Each fused op runs with the fixed tiles (*table*, the warps the table gives) aga
 GEMM alone with the same tiles, and both autotuned over the same persistent forms of the
 op's GEMM configs (*tuned*: the ranks choose together before the timed calls; fused op
 and GEMM may settle on different tiles, so the tuned ratio compares the best of each).
-Times are makespans: from an event before the ranks' launches to the last rank's end.
+Times are makespans: from the moment the ranks are released together (``one_gpu``'s
+gate, opened once every rank's launch is enqueued) to the last rank's end.
 GEMM+AR runs in both its exchanges (:data:`FORMS`: one-shot and two-shot), a row each.
 
 The *waits* part splits that ratio (``--parts waits``): one call of each fused op and of
