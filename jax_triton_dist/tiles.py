@@ -104,9 +104,13 @@ _SHARED_MEMORY = {"cuda": 227 * 1024}
 def gemm_shared_bytes(config: dict[str, int | bool], itemsize: int = 2) -> int:
     """Shared memory of a GEMM config with ``itemsize``-byte operands: ``num_stages``
     buffers of A's ``[BLOCK_M, BLOCK_K]`` and B's ``[BLOCK_K, BLOCK_N]`` blocks, plus the
-    output tile's staging buffer of a ``TMA_STORE`` config."""
+    output tile's staging buffer of a ``TMA_STORE`` config (half a tile with ``SUBTILE``).
+    Triton 3.6's sm_90a build of the GEMM tile kernel asks for this plus a few barriers
+    (``tests/test_cuda_compile.py``)."""
     operands = config["BLOCK_K"] * (config["BLOCK_M"] + config["BLOCK_N"]) * itemsize
     output = config["BLOCK_M"] * config["BLOCK_N"] * itemsize if config.get("TMA_STORE") else 0
+    if config.get("SUBTILE"):
+        output //= 2
     return config["num_stages"] * operands + output
 
 
@@ -130,7 +134,9 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     the configs of the GEMM tile kernel (``kernels/gemm.py``), whose persistent ``USE_TMA``
     configs also come in forms most fused kernels (tile loops that wait on flags, stores
     that go to peers) lack: ``FLATTEN`` (its tile and K loops pipelined as one) and
-    ``TMA_STORE`` (output tiles stored through a descriptor), each and both; and those of
+    ``TMA_STORE`` (output tiles stored through a descriptor), each and both, and the
+    ``TMA_STORE`` ones again with ``SUBTILE`` (stored in two halves: half the staging
+    buffer, so that 128x256x64 blocks fit four stages); and those of
     8 warps (the large tiles) in ``WARP_SPECIALIZE`` forms, with ``TMA_STORE`` (which they
     need: ``kernels/gemm.py``) and ``num_warps`` 4 (Triton 3.6 warp-specializes a Hopper
     kernel compiled with 4 warps only, and runs it with 12: a producer and two consumer
@@ -138,11 +144,12 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     tiles of a partial last wave shared out by K blocks: ``kernels/gemm.py``'s
     ``stream_k_runs``) where its tiles leave a partial last wave of :func:`fill_programs`
     programs. ``tma_store``: the caller's kernel can store its output tiles through a
-    descriptor: each ``USE_TMA`` config also comes in its ``TMA_STORE`` form (the fused
-    AG+GEMM, whose output is local). ``flatten``: the caller's persistent ``USE_TMA``
-    forms can pipeline their tile and K loops as one: each also comes with ``FLATTEN``
-    (AG+GEMM, whose waits come once per shard, before a shard's tile loop; GEMM+RS, whose
-    peers' segments' loops only push). Configs whose
+    descriptor: each ``USE_TMA`` config also comes in its ``TMA_STORE`` form, and each
+    persistent one also with ``SUBTILE`` (the fused AG+GEMM, whose output is local).
+    ``flatten``: the caller's persistent ``USE_TMA`` forms can pipeline their tile and K
+    loops as one: each also comes with ``FLATTEN`` (AG+GEMM, whose waits come once per
+    shard, before a shard's tile loop; GEMM+RS, whose peers' segments' loops only push;
+    GEMM+AR at one rank, a loop of stores). Configs whose
     2-byte operands overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}
@@ -163,12 +170,15 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
             configs += [dict(c, FLATTEN=True) for c in persistent]
             configs += [dict(c, TMA_STORE=True, FLATTEN=flat) for flat in (False, True)
                         for c in persistent]
+            configs += [dict(c, TMA_STORE=True, FLATTEN=flat, SUBTILE=True)
+                        for flat in (False, True) for c in persistent]
             configs += [dict(c, num_warps=4, WARP_SPECIALIZE=True, TMA_STORE=True)
                         for c in configs if c["USE_TMA"] and c["num_warps"] == 8
                         and not c.get("FLATTEN") and not c.get("TMA_STORE")]
     if tma_store:
-        configs += [dict(c, TMA_STORE=True) for c in configs
-                    if c["USE_TMA"] and not c.get("TMA_STORE")]
+        plain = [c for c in configs if c["USE_TMA"] and not c.get("TMA_STORE")]
+        configs += [dict(c, TMA_STORE=True) for c in plain]
+        configs += [dict(c, TMA_STORE=True, SUBTILE=True) for c in plain if c["PERSISTENT"]]
     if flatten:
         configs += [dict(c, FLATTEN=True) for c in configs
                     if c["USE_TMA"] and c["PERSISTENT"] and not c.get("FLATTEN")]

@@ -152,7 +152,7 @@ def matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
     FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
-    WARP_SPECIALIZE: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False, SUBTILE: tl.constexpr = False,
 ):
     """``C = A @ B``, one output tile per program in grouped (L2-friendly) order; or
     (``PERSISTENT``) fewer programs, each looping over tiles ``program, program + programs,
@@ -166,7 +166,11 @@ def matmul_kernel(
     ``num_warps=4``): the K loop warp-specialized (:func:`matmul_tile_tma`). It needs
     ``TMA_STORE``: on an H100 with Triton 3.6 the warp-specialized tile stored through
     per-thread stores gave wrong products (relative error 0.7-1.1 at every benchmark shape,
-    BENCHMARKS.md), through the descriptor the right ones."""
+    BENCHMARKS.md), through the descriptor the right ones. ``SUBTILE`` (with
+    ``TMA_STORE``): each output tile goes out as two ``[BLOCK_M, BLOCK_N / 2]`` halves, so
+    its staging buffer takes half the shared memory, which leaves room for a fourth stage
+    of 128x256x64 operand blocks (:func:`jax_triton_dist.tiles.gemm_shared_bytes`)."""
+    tl.static_assert(TMA_STORE or not SUBTILE, "matmul_kernel: SUBTILE needs TMA_STORE")
     tl.static_assert(TMA_STORE or not WARP_SPECIALIZE,
                      "matmul_kernel: WARP_SPECIALIZE needs TMA_STORE (Triton 3.6 on sm_90 "
                      "miscompiles the warp-specialized tile's per-thread stores)")
@@ -176,10 +180,11 @@ def matmul_kernel(
     if USE_TMA:
         a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
                                               stride_ak, stride_bk, stride_bn, stride_cm,
-                                              stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE)
+                                              stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE,
+                                              SUBTILE)
         _tma_tiles(a_desc, b_desc, c_desc, c_ptr, tl.program_id(0), step, M, N, K, stride_cm,
                    stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, TMA_STORE,
-                   WARP_SPECIALIZE)
+                   WARP_SPECIALIZE, SUBTILE)
     else:
         _pointer_tiles(a_ptr, b_ptr, c_ptr, tl.program_id(0), step, M, N, K, stride_am,
                        stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N,
@@ -203,24 +208,40 @@ def _pointer_tiles(a_ptr, b_ptr, c_ptr, first, step, M, N, K, stride_am, stride_
 @triton.jit
 def _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                  stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, TMA_STORE: tl.constexpr):
+                 BLOCK_K: tl.constexpr, TMA_STORE: tl.constexpr,
+                 SUBTILE: tl.constexpr = False):
     """Tensor descriptors of A, B and (``TMA_STORE``; else C's pointer) C, once per
-    program."""
+    program; C's moves ``[BLOCK_M, BLOCK_N]`` blocks, or halves of them (``SUBTILE``)."""
     a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
     b_desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
     c_desc = c_ptr
     if TMA_STORE:
-        c_desc = tile_descriptor(c_ptr, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+        c_desc = tile_descriptor(c_ptr, M, N, stride_cm, stride_cn, BLOCK_M,
+                                 BLOCK_N // 2 if SUBTILE else BLOCK_N)
     return a_desc, b_desc, c_desc
 
 
 @triton.jit
+def split_columns(tile, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(tile[:, :BLOCK_N / 2], tile[:, BLOCK_N / 2:])`` of a ``[BLOCK_M, BLOCK_N]`` tile."""
+    halves = tl.permute(tl.reshape(tile, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+    return tl.split(halves)
+
+
+@triton.jit
 def _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr):
-    """A finished float32 tile into C: through C's descriptor (``TMA_STORE``) or
-    :func:`store_tile`."""
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr,
+                  SUBTILE: tl.constexpr = False):
+    """A finished float32 tile into C: through C's descriptor (``TMA_STORE``; in two
+    halves of ``BLOCK_N / 2`` columns with ``SUBTILE``) or :func:`store_tile`."""
     if TMA_STORE:
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+        if SUBTILE:
+            left, right = split_columns(acc, BLOCK_M, BLOCK_N)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left.to(c_ptr.dtype.element_ty))
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2],
+                         right.to(c_ptr.dtype.element_ty))
+        else:
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
     else:
         store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
@@ -229,7 +250,7 @@ def _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
 def _tma_tiles(a_desc, b_desc, c_desc, c_ptr, first, step, M, N, K, stride_cm, stride_cn,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
-               WARP_SPECIALIZE: tl.constexpr):
+               WARP_SPECIALIZE: tl.constexpr, SUBTILE: tl.constexpr = False):
     """Whole tiles ``first, first + step, ...`` of the grouped order, read through
     descriptors (``FLATTEN``: the tile and K loops pipelined as one; ``WARP_SPECIALIZE``:
     the K loop warp-specialized)."""
@@ -240,7 +261,7 @@ def _tma_tiles(a_desc, b_desc, c_desc, c_ptr, first, step, M, N, K, stride_cm, s
         acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
                               BLOCK_M, BLOCK_N, BLOCK_K, False, WARP_SPECIALIZE)
         _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                      BLOCK_M, BLOCK_N, TMA_STORE)
+                      BLOCK_M, BLOCK_N, TMA_STORE, SUBTILE)
 
 
 @triton.jit

@@ -45,7 +45,7 @@ def matmul_all_reduce_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
     B_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
-    TWO_SHOT: tl.constexpr = False,
+    TWO_SHOT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
 ):
     """Each output tile: this rank's partial is computed, pushed (in the slots' type) to
     every other rank as soon as it is done, then all ranks' partials of that tile are
@@ -64,8 +64,13 @@ def matmul_all_reduce_kernel(
     looping over tiles ``program, program + programs, ...``. ``STREAM_K`` (with
     ``PERSISTENT``): the tiles that would form a partial last wave (at decode shapes, all
     of them) are shared out by K blocks first; the program that completes a tile's
-    partial exchanges it.
+    partial exchanges it. ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): with one rank
+    (nothing to exchange) the whole tiles are one loop of stores whose tile and K loops
+    are pipelined as one, as the GEMM tile's ``FLATTEN`` form; with more it changes
+    nothing (the tiles' waits would stop the pipelining).
     """
+    tl.static_assert(not FLATTEN or (PERSISTENT and USE_TMA),
+                     "matmul_all_reduce_kernel: FLATTEN needs PERSISTENT and USE_TMA")
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
@@ -95,12 +100,25 @@ def matmul_all_reduce_kernel(
                                         True)
                 block += k_last - k_first
             first += split
-        for tile in range(first, tiles_m * tiles_n, tl.num_programs(0)):
-            _matmul_all_reduce_tile(tile, 0, blocks, blocks, 0, 0, a_ptr, b_ptr, a_desc,
-                                    b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr, me,
-                                    world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
-                                    stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
-                                    B_NK, TWO_SHOT, False)
+        if world == 1:  # nothing to exchange: the GEMM's tile loop, stores only
+            for tile in tl.range(first, tiles_m * tiles_n, tl.num_programs(0),
+                                 flatten=FLATTEN):
+                pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                if USE_TMA:
+                    acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
+                                          K, BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
+                else:
+                    acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am,
+                                      stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
+                                      BLOCK_K)
+                store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+        else:
+            for tile in range(first, tiles_m * tiles_n, tl.num_programs(0)):
+                _matmul_all_reduce_tile(tile, 0, blocks, blocks, 0, 0, a_ptr, b_ptr, a_desc,
+                                        b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr,
+                                        me, world, epoch, M, N, K, stride_am, stride_ak,
+                                        stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                        GROUP_M, USE_TMA, B_NK, TWO_SHOT, False)
         if TWO_SHOT:
             _copy_sums(c_ptr, slots, flags, tl.program_id(0), tl.num_programs(0), me, world,
                        epoch, M, N, BLOCK_M, BLOCK_N, GROUP_M)

@@ -16,6 +16,7 @@ from jax_triton_dist.kernels.gemm import (
     matmul_rows_tile,
     matmul_tile,
     matmul_tile_tma,
+    split_columns,
     store_rows_tile,
     store_tile,
     stream_k_chunk,
@@ -50,6 +51,7 @@ def all_gather_matmul_kernel(
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
     USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
     TMA_STORE: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    SUBTILE: tl.constexpr = False,
 ):
     """Program 0 announces this rank's staged rows to every rank. Tiles come in rank-rotated
     order: this rank's own rows first (local, no wait), then each peer's shard around the
@@ -63,12 +65,15 @@ def all_gather_matmul_kernel(
     go whole. ``TMA_STORE`` (with ``USE_TMA``, not ``BATCHED``): output tiles go out
     through one descriptor of C as ``[num_ranks, m, N]`` (made once per program; a block
     ``[1, BLOCK_M, BLOCK_N]`` is clipped at its shard's last row) instead of per-thread
-    stores. ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): each shard's tile loop and
-    K loop are pipelined as one, as the GEMM tile's ``FLATTEN`` form (the shard's wait
-    comes before its loop, so the loop holds no spin loop to stop the pipelining).
+    stores; ``SUBTILE``: in two ``[1, BLOCK_M, BLOCK_N / 2]`` halves (half the staging
+    buffer: room for a fourth stage of 128x256x64 blocks). ``FLATTEN`` (with
+    ``PERSISTENT`` and ``USE_TMA``): each shard's tile loop and K loop are pipelined as
+    one, as the GEMM tile's ``FLATTEN`` form (the shard's wait comes before its loop, so
+    the loop holds no spin loop to stop the pipelining).
     """
     tl.static_assert(not TMA_STORE or (USE_TMA and not BATCHED),
                      "all_gather_matmul_kernel: TMA_STORE needs USE_TMA and unbatched rows")
+    tl.static_assert(TMA_STORE or not SUBTILE, "all_gather_matmul_kernel: SUBTILE needs TMA_STORE")
     tl.static_assert(not FLATTEN or (PERSISTENT and USE_TMA),
                      "all_gather_matmul_kernel: FLATTEN needs PERSISTENT and USE_TMA")
     me = dl.rank()
@@ -84,7 +89,8 @@ def all_gather_matmul_kernel(
     c_desc = c_ptr  # TMA_STORE: C's descriptor, made once per program
     if TMA_STORE:
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[world, m, N], strides=[m * N, N, 1],
-                                           block_shape=[1, BLOCK_M, BLOCK_N])
+                                           block_shape=[1, BLOCK_M,
+                                                        BLOCK_N // 2 if SUBTILE else BLOCK_N])
     blocks = tl.cdiv(K, BLOCK_K)
     # The last shard this program acquired (its own needs no wait) and, USE_TMA, the
     # descriptor of that shard's rows: a persistent program's tiles come shard after shard,
@@ -106,7 +112,8 @@ def all_gather_matmul_kernel(
                     tile, k_first, k_last, blocks, share, extra, waited, a_desc, x_ptr, w_ptr,
                     w_desc, bias_ptr, c_ptr, c_desc, flags, partial_ptr, counts_ptr, me, world,
                     epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                    GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, True)
+                    GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, SUBTILE,
+                    True)
                 block += k_last - k_first
             first += split
         # Whole tiles first, first + programs, ... of the order, shard by shard: one wait
@@ -119,13 +126,14 @@ def all_gather_matmul_kernel(
                     start, step, waited, a_desc, x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, c_desc,
                     flags, me, world, epoch, m, N, K, R, stride_wk, stride_wn, BLOCK_M,
                     BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK,
-                    TMA_STORE, FLATTEN)
+                    TMA_STORE, SUBTILE, FLATTEN)
     else:
         _all_gather_matmul_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, waited, a_desc,
                                 x_ptr, w_ptr, w_desc, bias_ptr, c_ptr, c_desc, flags,
                                 partial_ptr, counts_ptr, me, world, epoch, m, N, K, R,
                                 stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE, False)
+                                BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, TMA_STORE,
+                                SUBTILE, False)
 
 
 @triton.jit
@@ -136,7 +144,8 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited,
                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
                             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                             USE_TMA: tl.constexpr, W_NK: tl.constexpr,
-                            TMA_STORE: tl.constexpr, SPLIT: tl.constexpr):
+                            TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr,
+                            SPLIT: tl.constexpr):
     """Output tile number ``tile`` of the rank-rotated order; ``SPLIT``: only its K blocks
     ``k_first:k_last``, a stream-K share (finished by the program that completes the tile).
     ``waited``: the shard whose flag this program acquired last (a persistent program's
@@ -165,17 +174,18 @@ def _all_gather_matmul_tile(tile, k_first, k_last, blocks, share, extra, waited,
         if (k_first == 0) & (k_last == blocks):
             _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m,
                               N, R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION,
-                              TMA_STORE)
+                              TMA_STORE, SUBTILE)
         elif stream_k_share(acc, partial_ptr, counts_ptr, tl.program_id(0), tile, k_first,
                             k_last, blocks, share, extra, BLOCK_M, BLOCK_N):
             total = stream_k_sum(partial_ptr, tile, blocks, share, extra, 0, BLOCK_M, BLOCK_M,
                                  BLOCK_N)
             _all_gather_store(total, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world,
                               m, N, R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION,
-                              TMA_STORE)
+                              TMA_STORE, SUBTILE)
     else:
         _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N,
-                          R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE)
+                          R, BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE,
+                          SUBTILE)
     return shard, a_desc
 
 
@@ -187,7 +197,7 @@ def _all_gather_shard_tiles(start, step, waited, a_desc, x_ptr, w_ptr, w_desc, b
                             BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
                             ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr,
                             W_NK: tl.constexpr, TMA_STORE: tl.constexpr,
-                            FLATTEN: tl.constexpr):
+                            SUBTILE: tl.constexpr, FLATTEN: tl.constexpr):
     """A persistent program's whole tiles ``start, start + programs, ...`` of the ``step``-th
     shard of the rank-rotated order (rank ``me + step``'s rows): the shard's flag acquired
     and (``USE_TMA``) its descriptor made unless ``waited`` is that shard already, then the
@@ -211,7 +221,7 @@ def _all_gather_shard_tiles(start, step, waited, a_desc, x_ptr, w_ptr, w_desc, b
             acc = matmul_tile(a_ptr, w_ptr, local_m, pid_n, m, N, 0, K, K, 1, stride_wk,
                               stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
         _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N, R,
-                          BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE)
+                          BLOCK_M, BLOCK_N, BATCHED, HAS_BIAS, ACTIVATION, TMA_STORE, SUBTILE)
     return shard, a_desc
 
 
@@ -219,13 +229,22 @@ def _all_gather_shard_tiles(start, step, waited, a_desc, x_ptr, w_ptr, w_desc, b
 def _all_gather_store(acc, bias_ptr, c_ptr, c_desc, shard, local_m, pid_n, world, m, N, R,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BATCHED: tl.constexpr,
                       HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                      TMA_STORE: tl.constexpr):
+                      TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr):
     """The epilogue of a finished tile of shard ``shard``, stored in place (``TMA_STORE``:
-    through C's ``[num_ranks, m, N]`` descriptor)."""
+    through C's ``[num_ranks, m, N]`` descriptor, in two halves with ``SUBTILE``)."""
     acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
     if TMA_STORE:
-        c_desc.store([shard, local_m * BLOCK_M, pid_n * BLOCK_N],
-                     acc.to(c_ptr.dtype.element_ty).reshape([1, BLOCK_M, BLOCK_N]))
+        row = local_m * BLOCK_M
+        if SUBTILE:
+            HALF: tl.constexpr = BLOCK_N // 2
+            left, right = split_columns(acc, BLOCK_M, BLOCK_N)
+            c_desc.store([shard, row, pid_n * BLOCK_N],
+                         left.to(c_ptr.dtype.element_ty).reshape([1, BLOCK_M, HALF]))
+            c_desc.store([shard, row, pid_n * BLOCK_N + HALF],
+                         right.to(c_ptr.dtype.element_ty).reshape([1, BLOCK_M, HALF]))
+        else:
+            c_desc.store([shard, row, pid_n * BLOCK_N],
+                         acc.to(c_ptr.dtype.element_ty).reshape([1, BLOCK_M, BLOCK_N]))
     elif BATCHED:  # row (b, i) of the shard goes to row b * num_ranks * R + shard * R + i
         store_rows_tile(c_ptr + shard * R * N, acc, local_m, pid_n, m, N, R, world * R, N,
                         BLOCK_M, BLOCK_N)

@@ -138,9 +138,14 @@ def test_flattened_matmul_reduce_scatter_stays_pipelined_for_sm90():
     _assert_flattened_stays_pipelined("matmul_reduce_scatter")
 
 
-def _assert_flattened_stays_pipelined(name):
+def test_flattened_matmul_all_reduce_stays_pipelined_for_sm90():
+    """GEMM+AR's FLATTEN form (one rank's loop of stores) likewise, at a prefill shape."""
+    _assert_flattened_stays_pipelined("matmul_all_reduce", M=8192, BLOCK_M=128)
+
+
+def _assert_flattened_stays_pipelined(name, **shape):
     kernel, pointers, kwargs = CASES[name]
-    form = dict(kwargs, PERSISTENT=True, USE_TMA=True, BLOCK_N=256)
+    form = dict(kwargs, PERSISTENT=True, USE_TMA=True, BLOCK_N=256, **shape)
     shared = {}
     for flatten in (False, True):
         signature, constexprs = signature_of(kernel, [("pointer", p) for p in pointers],
@@ -151,6 +156,24 @@ def _assert_flattened_stays_pipelined(name):
         assert "ld.global.sys.acquire" in ptx
         shared[flatten] = compiled.metadata.shared
     assert shared[True] >= shared[False] >= 3 * (128 + 256) * 64 * 2
+
+
+def test_all_gather_matmul_subtiled_store_fits_four_stages_for_sm90():
+    """AG+GEMM's ``SUBTILE`` form (each output tile stored in two halves through C's
+    ``[ranks, m, N]`` descriptor), flattened: 128x256x64 blocks in 4 stages fit an SM's
+    227 KiB, the waits and the bulk tensor stores kept."""
+    from jax_triton_dist import tiles
+
+    kernel, pointers, kwargs = CASES["all_gather_matmul"]
+    form = dict(kwargs, BLOCK_N=256, PERSISTENT=True, USE_TMA=True, TMA_STORE=True,
+                SUBTILE=True, FLATTEN=True)
+    signature, constexprs = signature_of(kernel, [("pointer", p) for p in pointers], form)
+    compiled = compile_kernel(kernel, signature, constexprs, num_warps=8, num_stages=4)
+    counted = tiles.gemm_shared_bytes(dict(form, num_stages=4))
+    assert counted <= compiled.metadata.shared <= min(counted + 1024, 227 * 1024)
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("cp.async.bulk.tensor.3d.global.shared") >= 2  # the halves
+    assert "wgmma.mma_async" in ptx and "ld.global.sys.acquire" in ptx
 
 
 def test_fence_lowers_to_ptx_fence():

@@ -27,8 +27,8 @@ def test_matmul_matches_jnp_dot(m, n, k, dtype):
     if k % 16 == 0 and n % 16 == 0:  # tensor descriptors need 16-byte aligned rows
         configs += [dict(tile, PERSISTENT=p, USE_TMA=True) for p in (False, True)]
         configs += [dict(tile, PERSISTENT=True, USE_TMA=True, FLATTEN=True)]
-        configs += [dict(tile, PERSISTENT=True, USE_TMA=True, FLATTEN=f, TMA_STORE=True)
-                    for f in (False, True)]
+        configs += [dict(tile, PERSISTENT=True, USE_TMA=True, FLATTEN=f, TMA_STORE=True,
+                         SUBTILE=sub) for f in (False, True) for sub in (False, True)]
         configs += [dict(tile, PERSISTENT=p, USE_TMA=True, WARP_SPECIALIZE=True, TMA_STORE=True)
                     for p in (False, True)]
     for config in configs:
@@ -153,6 +153,30 @@ def test_flattened_persistent_tma_tile_compiles_for_sm90(tma_store):
     assert ("cp.async.bulk.tensor.2d.global.shared" in ptx) == tma_store
 
 
+@pytest.mark.parametrize("flatten", [False, True], ids=["tiles", "flattened"])
+def test_subtiled_store_fits_four_stages_on_sm90(flatten):
+    """``SUBTILE``: the output tile leaves in two halves through a ``[128, 128]`` descriptor,
+    so 128x256x64 with 4 stages fits an SM's 227 KiB (the whole tile's staging buffer
+    would not), as ``tiles.gemm_shared_bytes`` counts it (a few barriers aside)."""
+    from jax_triton_dist import tiles
+
+    positional = [("pointer", np.dtype(jnp.bfloat16))] * 3
+    kwargs = {"M": 8192, "N": 1376, "K": 4096, "stride_am": 4096, "stride_ak": 1,
+              "stride_bk": 1376, "stride_bn": 1, "stride_cm": 1376, "stride_cn": 1,
+              "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "PERSISTENT": True,
+              "USE_TMA": True, "FLATTEN": flatten, "TMA_STORE": True, "SUBTILE": True}
+    signature, constexprs = cuda_compile.signature_of(matmul_kernel, positional, kwargs)
+    attrs = cuda_compile.divisibility(signature, positional, kwargs)
+    compiled = cuda_compile.compile_kernel(matmul_kernel, signature, constexprs, attrs=attrs,
+                                           num_warps=8, num_stages=4)
+    counted = tiles.gemm_shared_bytes(dict(kwargs, num_stages=4))
+    assert counted <= compiled.metadata.shared <= min(counted + 1024, 227 * 1024)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    # two bulk tensor stores per tile (the halves), one more copy where the loop is peeled
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared") >= 2
+
+
 def _ws_tile(persistent: bool, tma_store: bool):
     positional = [("pointer", np.dtype(jnp.bfloat16))] * 3
     kwargs = {"M": 8192, "N": 1376, "K": 4096, "stride_am": 4096, "stride_ak": 1,
@@ -205,19 +229,24 @@ def test_tma_configs_only_where_rows_are_aligned():
     tile = tiles.gemm_configs(8192, 1376, 4096, tma=True, tile_kernel=True)
     persistent = [c for c in both if c["USE_TMA"] and c["PERSISTENT"]]
     assert persistent and tile[:len(both)] == both
-    forms = [(False, True), (True, False), (True, True)]  # (TMA_STORE, FLATTEN) after both
+    # (TMA_STORE, FLATTEN, SUBTILE) after both
+    forms = [(False, True, False), (True, False, False), (True, True, False),
+             (True, False, True), (True, True, True)]
     fits = lambda c: tiles.gemm_shared_bytes(c) <= 227 * 1024  # noqa: E731
-    shaped = [form for s, f in forms for c in persistent
-              if fits(form := dict(c, FLATTEN=f, **({"TMA_STORE": True} if s else {})))]
+    shaped = [form for s, f, sub in forms for c in persistent
+              if fits(form := dict(c, FLATTEN=f, **({"TMA_STORE": True} if s else {}),
+                                   **({"SUBTILE": True} if sub else {})))]
     assert tile[len(both):len(both) + len(shaped)] == shaped
     # then the warp-specialized forms of the 8-warp descriptor configs, compiled with 4
     wide = [c for c in both if c["USE_TMA"] and c["num_warps"] == 8]
     assert wide and tile[len(both) + len(shaped):] == [
         form for c in wide
         if fits(form := dict(c, num_warps=4, WARP_SPECIALIZE=True, TMA_STORE=True))]
-    # 128x256x64 with 4 stages fits (192 KiB) but not with the output's staging buffer
+    # 128x256x64 with 4 stages fits (192 KiB) but not with the output's staging buffer,
+    # only with half of it
     deep = [c for c in persistent if c["BLOCK_N"] == 256 and c["num_stages"] == 4]
     assert deep and all(dict(c, TMA_STORE=True, FLATTEN=f) not in tile
+                        and dict(c, TMA_STORE=True, FLATTEN=f, SUBTILE=True) in tile
                         for c in deep for f in (False, True))
     assert all(fits(c) for c in tile)
     assert tiles.gemm_configs(130, 70, 33, tma=True) == tiles.gemm_configs(130, 70, 33)

@@ -123,22 +123,24 @@ def _one_config(monkeypatch, config, asked=None):
     monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": 3)
 
 
-@pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma-store"])
+@pytest.mark.parametrize("store", [{}, {"TMA_STORE": True},
+                                   {"TMA_STORE": True, "SUBTILE": True, "BLOCK_N": 32}],
+                         ids=["stores", "tma-store", "tma-halves"])
 @pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.bfloat16),
                                          (3, jnp.float32)])
-def test_all_gather_matmul_flattened(monkeypatch, tma_store, ranks, dtype):
+def test_all_gather_matmul_flattened(monkeypatch, store, ranks, dtype):
     """AG+GEMM's ``FLATTEN`` form (each shard's tile loop pipelined with its K loop, the
-    shard's wait before it): 3 programs over 8 tiles a shard, so each program starts each
-    shard at a different tile; 40 rows a shard in 16-row tiles (clipped last tiles); with
-    a bias and an activation; every rank's result."""
+    shard's wait before it): 3 programs over each shard's tiles, so each program starts
+    each shard at a different tile; 40 rows a shard in 16-row tiles (clipped last tiles);
+    48 columns (``SUBTILE``: 32-column tiles stored in halves, the last tile's second half
+    wholly past the edge); with a bias and an activation; every rank's result."""
     asked = []
     _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
                               "num_warps": 4, "num_stages": 3, "PERSISTENT": True,
-                              "USE_TMA": True, "FLATTEN": True, "TMA_STORE": tma_store},
-                asked)
+                              "USE_TMA": True, "FLATTEN": True, **store}, asked)
     mesh = mesh_1d(ranks)
-    x, w = rand((ranks * 40, 48), ranks + 30, dtype), rand((48, 32), 8, dtype, 0.2)
-    bias = rand((32,), 10, dtype)
+    x, w = rand((ranks * 40, 48), ranks + 30, dtype), rand((48, 48), 8, dtype, 0.2)
+    bias = rand((48,), 10, dtype)
     f = jax.jit(jax.shard_map(
         lambda a, b, c: jtd.all_gather_matmul(a, b, "x", bias=c, activation="silu"),
         mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=P("x")))
@@ -146,7 +148,7 @@ def test_all_gather_matmul_flattened(monkeypatch, tma_store, ranks, dtype):
         out = f(put(mesh, x, P("x")), put(mesh, w, P()), put(mesh, bias, P()))
     assert asked and all(a.get("flatten") for a in asked)  # the op asked for FLATTEN forms
     want = jax.nn.silu(dot32(x, w) + bias.astype(jnp.float32))
-    for block in np.asarray(out, np.float32).reshape(ranks, ranks * 40, 32):
+    for block in np.asarray(out, np.float32).reshape(ranks, ranks * 40, 48):
         assert_close(block, want, dtype)
 
 
@@ -172,6 +174,28 @@ def test_matmul_reduce_scatter_flattened(monkeypatch, ranks, dtype):
     assert asked and all(a.get("flatten") for a in asked)
     want = jax.nn.gelu(dot32(x, w) + bias.astype(jnp.float32), approximate=False)
     assert_close(out, want, dtype)
+
+
+@pytest.mark.parametrize("ranks, dtype, exchange", [
+    (1, jnp.float32, False), (1, jnp.bfloat16, False), (2, jnp.float32, False),
+    (3, jnp.bfloat16, True)])
+def test_matmul_all_reduce_flattened(monkeypatch, ranks, dtype, exchange):
+    """GEMM+AR's ``FLATTEN`` form: at one rank a single pipelined loop of stores (3
+    programs over 12 tiles, 40 rows in 16-row tiles, clipped), which the op asks for only
+    there; at more ranks the flag changes nothing (both exchanges); back to back."""
+    asked = []
+    _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
+                              "num_warps": 4, "num_stages": 3, "PERSISTENT": True,
+                              "USE_TMA": True, "FLATTEN": True, "TWO_SHOT": exchange}, asked)
+    mesh = mesh_1d(ranks)
+    x = rand((40, ranks * 32), ranks + 60, dtype)
+    w = rand((ranks * 32, 64), 61, dtype, 0.2)
+    f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_all_reduce(a, b, "x"), mesh=mesh,
+                              in_specs=(P(None, "x"), P("x", None)), out_specs=P()))
+    for _ in range(3):
+        out = f(put(mesh, x, P(None, "x")), put(mesh, w, P("x", None)))
+    assert asked and all(a.get("flatten") == (ranks == 1) for a in asked)
+    assert_close(out, dot32(x, w), dtype)
 
 
 @pytest.mark.parametrize("form", [{}, {"USE_TMA": True, "FLATTEN": True}],
