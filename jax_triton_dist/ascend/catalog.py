@@ -127,7 +127,7 @@ def _gemm() -> Case:
         {"a_ptr": "bf16", "b_ptr": "bf16", "c_ptr": "bf16"},
         {"M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n, "stride_cm": n},
         dict(config, stride_ak=1, stride_bn=1, stride_cn=1, PERSISTENT=False, USE_TMA=False,
-             FLATTEN=False, TMA_STORE=False, WARP_SPECIALIZE=False),
+             FLATTEN=False, TMA_STORE=False, WARP_SPECIALIZE=False, SUBTILE=False),
         Expected(0, 0))
 
 
@@ -193,7 +193,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
         {"m": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
              HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False, TMA_STORE=False,
-             FLATTEN=False),
+             FLATTEN=False, SUBTILE=False),
         # program 0 announces to every peer; a tile of a peer's shard waits once
         Expected(notifies=ranks - 1, waits=1))
     rs = Case(
@@ -216,7 +216,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          "flags_ptr": "i32", **_STREAM_K_WORKSPACES},
         {"M": decode_m, "N": n, "K": k, "stride_am": k, "stride_bk": n},
         dict(_gemm_tiles(decode_m, n, k, 1, persistent), stride_ak=1, stride_bn=1,
-             B_NK=False, STREAM_K=False, TWO_SHOT=False),
+             B_NK=False, STREAM_K=False, TWO_SHOT=False, FLATTEN=False),
         Expected(notifies=ranks - 1, waits=ranks, barriers=(ranks - 1) + ranks + 1))
     # two-shot: the owner's branch waits per rank and pushes its sum to every peer, the
     # other branch pushes one partial; every rank then waits for the sums it copies

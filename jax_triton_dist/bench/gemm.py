@@ -79,7 +79,8 @@ def matmul(a, b, config: dict[str, Any], axis_name="x", programs: int | None = N
 
 def describe(config: dict[str, Any]) -> str:
     """``128x128x64 w8 s3`` (+ `` persistent``, `` TMA`` or `` stream-K`` [`` in-step``];
-    `` flattened``, `` WS`` (warp-specialized), `` TMA store``; or `` split-K n``)."""
+    `` flattened``, `` WS`` (warp-specialized), `` TMA store`` [`` halves``]; or
+    `` split-K n``)."""
     text = (f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} "
             f"w{config['num_warps']} s{config['num_stages']}")
     if config.get("SPLIT_K"):
@@ -91,7 +92,8 @@ def describe(config: dict[str, Any]) -> str:
               + (" TMA" if config.get("USE_TMA") else ""))
              + (" flattened" if config.get("FLATTEN") else "")
              + (" WS" if config.get("WARP_SPECIALIZE") else "")
-             + (" TMA store" if config.get("TMA_STORE") else ""))
+             + (" TMA store" if config.get("TMA_STORE") else "")
+             + (" halves" if config.get("SUBTILE") else ""))
     return text + forms
 
 
