@@ -210,15 +210,26 @@ def _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, 
                  stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, TMA_STORE: tl.constexpr,
                  SUBTILE: tl.constexpr = False):
-    """Tensor descriptors of A, B and (``TMA_STORE``; else C's pointer) C, once per
-    program; C's moves ``[BLOCK_M, BLOCK_N]`` blocks, or halves of them (``SUBTILE``)."""
+    """Tensor descriptors of A, B and (:func:`output_descriptor`) C, once per program."""
     a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
     b_desc = tile_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+    c_desc = output_descriptor(c_ptr, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, TMA_STORE,
+                               SUBTILE)
+    return a_desc, b_desc, c_desc
+
+
+@triton.jit
+def output_descriptor(c_ptr, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr,
+                      SUBTILE: tl.constexpr = False):
+    """What :func:`store_output` stores through: with ``TMA_STORE`` a tensor descriptor of
+    the ``[M, N]`` output moving ``[BLOCK_M, BLOCK_N]`` blocks (``SUBTILE``: halves of
+    them, ``BLOCK_N / 2`` columns), else C's pointer."""
     c_desc = c_ptr
     if TMA_STORE:
         c_desc = tile_descriptor(c_ptr, M, N, stride_cm, stride_cn, BLOCK_M,
                                  BLOCK_N // 2 if SUBTILE else BLOCK_N)
-    return a_desc, b_desc, c_desc
+    return c_desc
 
 
 @triton.jit
@@ -229,11 +240,12 @@ def split_columns(tile, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+def store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr,
                   SUBTILE: tl.constexpr = False):
-    """A finished float32 tile into C: through C's descriptor (``TMA_STORE``; in two
-    halves of ``BLOCK_N / 2`` columns with ``SUBTILE``) or :func:`store_tile`."""
+    """A finished float32 tile into C: through C's :func:`output_descriptor`
+    (``TMA_STORE``; in two halves of ``BLOCK_N / 2`` columns with ``SUBTILE``) or
+    :func:`store_tile`."""
     if TMA_STORE:
         if SUBTILE:
             left, right = split_columns(acc, BLOCK_M, BLOCK_N)
@@ -260,8 +272,8 @@ def _tma_tiles(a_desc, b_desc, c_desc, c_ptr, first, step, M, N, K, stride_cm, s
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
                               BLOCK_M, BLOCK_N, BLOCK_K, False, WARP_SPECIALIZE)
-        _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                      BLOCK_M, BLOCK_N, TMA_STORE, SUBTILE)
+        store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                     BLOCK_M, BLOCK_N, TMA_STORE, SUBTILE)
 
 
 @triton.jit
@@ -323,8 +335,8 @@ def matmul_stream_k_kernel(
             acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am,
                               stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
         if (k_first == 0) & (k_last == blocks):
-            _store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                          BLOCK_M, BLOCK_N, TMA_STORE)
+            store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                         BLOCK_M, BLOCK_N, TMA_STORE)
         elif share_tile(acc, partial_ptr, counts_ptr, pid * SLOTS + tile - first_tile, tile,
                         k_last - k_first, blocks, BLOCK_M, BLOCK_N):
             SUB: tl.constexpr = BLOCK_M // 4

@@ -9,6 +9,8 @@ from jax_triton_dist.kernels.gemm import (
     k_columns,
     matmul_tile,
     matmul_tile_tma,
+    output_descriptor,
+    store_output,
     store_tile,
     stream_k_chunk,
     stream_k_runs,
@@ -46,6 +48,7 @@ def matmul_all_reduce_kernel(
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, USE_TMA: tl.constexpr = False,
     B_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
     TWO_SHOT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = False, SUBTILE: tl.constexpr = False,
 ):
     """Each output tile: this rank's partial is computed, pushed (in the slots' type) to
     every other rank as soon as it is done, then all ranks' partials of that tile are
@@ -64,13 +67,18 @@ def matmul_all_reduce_kernel(
     looping over tiles ``program, program + programs, ...``. ``STREAM_K`` (with
     ``PERSISTENT``): the tiles that would form a partial last wave (at decode shapes, all
     of them) are shared out by K blocks first; the program that completes a tile's
-    partial exchanges it. ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): with one rank
-    (nothing to exchange) the whole tiles are one loop of stores whose tile and K loops
-    are pipelined as one, as the GEMM tile's ``FLATTEN`` form; with more it changes
-    nothing (the tiles' waits would stop the pipelining).
+    partial exchanges it. With one rank (nothing to exchange) the whole tiles are one
+    loop of stores, as the GEMM tile's: ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``)
+    pipelines its tile and K loops as one, ``TMA_STORE`` (with ``USE_TMA``; ``SUBTILE``:
+    in halves) stores through a descriptor of C; with more ranks both change nothing (the
+    tiles' waits would stop the pipelining; the sums are stored as they are summed).
     """
     tl.static_assert(not FLATTEN or (PERSISTENT and USE_TMA),
                      "matmul_all_reduce_kernel: FLATTEN needs PERSISTENT and USE_TMA")
+    tl.static_assert(not TMA_STORE or USE_TMA,
+                     "matmul_all_reduce_kernel: TMA_STORE needs USE_TMA")
+    tl.static_assert(TMA_STORE or not SUBTILE,
+                     "matmul_all_reduce_kernel: SUBTILE needs TMA_STORE")
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
@@ -84,53 +92,62 @@ def matmul_all_reduce_kernel(
         a_desc = tile_descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)
         b_desc = weight_descriptor(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N, B_NK)
     blocks = tl.cdiv(K, BLOCK_K)
-    if PERSISTENT:
-        first = tl.program_id(0)
-        if STREAM_K:
-            split, block, end, share, extra = stream_k_runs(tl.program_id(0),
-                                                            tl.num_programs(0),
-                                                            tiles_m * tiles_n, blocks)
-            while block < end:
-                tile, k_first, k_last = stream_k_chunk(block, end, blocks)
-                _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr,
-                                        b_ptr, a_desc, b_desc, c_ptr, slots, flags,
-                                        partial_ptr, counts_ptr, me, world, epoch, M, N, K,
-                                        stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M,
-                                        BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK, TWO_SHOT,
-                                        True)
-                block += k_last - k_first
-            first += split
-        if world == 1:  # nothing to exchange: the GEMM's tile loop, stores only
-            for tile in tl.range(first, tiles_m * tiles_n, tl.num_programs(0),
-                                 flatten=FLATTEN):
-                pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-                if USE_TMA:
-                    acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
-                                          K, BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
-                else:
-                    acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am,
-                                      stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
-                                      BLOCK_K)
-                store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
-        else:
-            for tile in range(first, tiles_m * tiles_n, tl.num_programs(0)):
-                _matmul_all_reduce_tile(tile, 0, blocks, blocks, 0, 0, a_ptr, b_ptr, a_desc,
-                                        b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr,
-                                        me, world, epoch, M, N, K, stride_am, stride_ak,
-                                        stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                        GROUP_M, USE_TMA, B_NK, TWO_SHOT, False)
-        if TWO_SHOT:
-            _copy_sums(c_ptr, slots, flags, tl.program_id(0), tl.num_programs(0), me, world,
-                       epoch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    first = tl.program_id(0)
+    if PERSISTENT and STREAM_K:
+        split, block, end, share, extra = stream_k_runs(tl.program_id(0), tl.num_programs(0),
+                                                        tiles_m * tiles_n, blocks)
+        while block < end:
+            tile, k_first, k_last = stream_k_chunk(block, end, blocks)
+            _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr, b_ptr,
+                                    a_desc, b_desc, c_ptr, slots, flags, partial_ptr,
+                                    counts_ptr, me, world, epoch, M, N, K, stride_am,
+                                    stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
+                                    BLOCK_K, GROUP_M, USE_TMA, B_NK, TWO_SHOT, True)
+            block += k_last - k_first
+        first += split
+    if world == 1:  # nothing to exchange (one tile a program without PERSISTENT)
+        _one_rank_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, M, N, K, stride_am,
+                        stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                        USE_TMA, B_NK, FLATTEN, TMA_STORE, SUBTILE)
+    elif PERSISTENT:
+        for tile in range(first, tiles_m * tiles_n, tl.num_programs(0)):
+            _matmul_all_reduce_tile(tile, 0, blocks, blocks, 0, 0, a_ptr, b_ptr, a_desc,
+                                    b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr, me,
+                                    world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
+                                    stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
+                                    B_NK, TWO_SHOT, False)
     else:
         _matmul_all_reduce_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, a_ptr, b_ptr,
                                 a_desc, b_desc, c_ptr, slots, flags, partial_ptr, counts_ptr,
                                 me, world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
                                 stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK,
                                 TWO_SHOT, False)
-        if TWO_SHOT:
-            _copy_sums(c_ptr, slots, flags, tl.program_id(0), tl.num_programs(0), me, world,
-                       epoch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    if TWO_SHOT:
+        _copy_sums(c_ptr, slots, flags, tl.program_id(0), tl.num_programs(0), me, world,
+                   epoch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+
+
+@triton.jit
+def _one_rank_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, M, N, K, stride_am, stride_ak,
+                    stride_bk, stride_bn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr,
+                    B_NK: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
+                    SUBTILE: tl.constexpr):
+    """One rank's whole tiles ``first, first + programs, ...``: the GEMM's tile loop, stores
+    only (``FLATTEN``: pipelined with the K loop; ``TMA_STORE``: through C's descriptor)."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    c_desc = output_descriptor(c_ptr, M, N, N, 1, BLOCK_M, BLOCK_N, TMA_STORE, SUBTILE)
+    for tile in tl.range(first, tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        if USE_TMA:
+            acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
+                                  BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
+        else:
+            acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am, stride_ak,
+                              stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+        store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N, TMA_STORE,
+                     SUBTILE)
 
 
 @triton.jit

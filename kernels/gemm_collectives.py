@@ -16,7 +16,9 @@ from jax_triton_dist.kernels.gemm import (
     matmul_rows_tile,
     matmul_tile,
     matmul_tile_tma,
+    output_descriptor,
     split_columns,
+    store_output,
     store_rows_tile,
     store_tile,
     stream_k_chunk,
@@ -273,7 +275,8 @@ def matmul_reduce_scatter_kernel(
     GROUP_M: tl.constexpr, BATCHED: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
     USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
-    FLATTEN: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
+    SUBTILE: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (in the slots' type) into
@@ -289,10 +292,17 @@ def matmul_reduce_scatter_kernel(
     come before its waits). ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): each
     segment's tile loop and K loop are pipelined as one, as the GEMM tile's ``FLATTEN``
     form, for the peers' segments (their loops only push; the own segment's loop, which
-    waits, stays as it is) and for one rank (no exchange).
+    waits, stays as it is) and for one rank (no exchange). ``TMA_STORE`` (with
+    ``USE_TMA``, unbatched; ``SUBTILE``: in halves): one rank's tiles go out through a
+    descriptor of C, as the GEMM tile's; with more ranks it changes nothing (the owners'
+    sums are stored as they are summed).
     """
     tl.static_assert(not FLATTEN or (PERSISTENT and USE_TMA),
                      "matmul_reduce_scatter_kernel: FLATTEN needs PERSISTENT and USE_TMA")
+    tl.static_assert(not TMA_STORE or (USE_TMA and not BATCHED),
+                     "matmul_reduce_scatter_kernel: TMA_STORE needs USE_TMA and unbatched rows")
+    tl.static_assert(TMA_STORE or not SUBTILE,
+                     "matmul_reduce_scatter_kernel: SUBTILE needs TMA_STORE")
     me = dl.rank()
     world = dl.num_ranks()
     epoch = dl.epoch()
@@ -304,6 +314,7 @@ def matmul_reduce_scatter_kernel(
     if USE_TMA:
         x_desc = tile_descriptor(x_ptr, world * seg, K, K, 1, BLOCK_M, BLOCK_K)
         w_desc = weight_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N, W_NK)
+    c_desc = output_descriptor(c_ptr, seg, N, N, 1, BLOCK_M, BLOCK_N, TMA_STORE, SUBTILE)
     blocks = tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
         first = tl.program_id(0)
@@ -327,25 +338,32 @@ def matmul_reduce_scatter_kernel(
         # One rank (folded where the rank count is compiled in): one loop of stores.
         if world == 1:  # nothing to exchange: the GEMM's tile loop, stores only
             _reduce_scatter_segment_tiles(
-                first, 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots, flags, me,
-                world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "store", FLATTEN)
+                first, 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots, flags,
+                me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
+                BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "store",
+                FLATTEN, TMA_STORE, SUBTILE)
         else:
             for step in range(0, world):
                 start = _first_tile_from(first, step * tiles_per_segment)
                 if start < (step + 1) * tiles_per_segment:
                     if step < world - 1:
                         _reduce_scatter_segment_tiles(
-                            start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
-                            flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
+                            start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_ptr,
+                            slots, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                            ACTIVATION, USE_TMA, W_NK, "push", FLATTEN)
+                            ACTIVATION, USE_TMA, W_NK, "push", FLATTEN, False, False)
                     else:
                         _reduce_scatter_segment_tiles(
-                            start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, slots,
-                            flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
+                            start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_ptr,
+                            slots, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                            ACTIVATION, USE_TMA, W_NK, "sum", False)
+                            ACTIVATION, USE_TMA, W_NK, "sum", False, False, False)
+    elif world == 1:  # one tile a program, stored as the persistent loop above stores it
+        _reduce_scatter_segment_tiles(
+            tl.program_id(0), 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots,
+            flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
+            BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "store", False,
+            TMA_STORE, SUBTILE)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
                                     x_desc, w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
@@ -417,17 +435,19 @@ def _reduce_scatter_product(segment, local_m, pid_n, k_start, k_end, x_ptr, w_pt
 
 @triton.jit
 def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
-                                  slots, flags, me, world, epoch, seg, N, K, R, stride_wk,
-                                  stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                                  BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
-                                  ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr,
-                                  W_NK: tl.constexpr, FINISH: tl.constexpr,
-                                  FLATTEN: tl.constexpr):
+                                  c_desc, slots, flags, me, world, epoch, seg, N, K, R,
+                                  stride_wk, stride_wn, BLOCK_M: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                  GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
+                                  HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                                  USE_TMA: tl.constexpr, W_NK: tl.constexpr,
+                                  FINISH: tl.constexpr, FLATTEN: tl.constexpr,
+                                  TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr):
     """A persistent program's whole tiles ``start, start + programs, ...`` of the
     ``step``-th segment of the own-segment-last order, each finished as ``FINISH`` says:
     ``"push"`` to its owner (a peer's segment), ``"sum"`` with the peers' partials (the
-    own segment, the last step), or ``"store"`` (one rank: the product is the result)."""
+    own segment, the last step), or ``"store"`` (one rank: the product is the result,
+    stored through ``c_desc``, C's :func:`output_descriptor`, with ``TMA_STORE``)."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     segment = (me + 1 + step) % world
@@ -447,7 +467,8 @@ def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bia
                      BLOCK_N, HAS_BIAS, ACTIVATION)
         else:
             acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
-            store_tile(c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N)
+            store_output(c_desc, c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N,
+                         TMA_STORE, SUBTILE)
 
 
 @triton.jit

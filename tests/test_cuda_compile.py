@@ -176,6 +176,25 @@ def test_all_gather_matmul_subtiled_store_fits_four_stages_for_sm90():
     assert "wgmma.mma_async" in ptx and "ld.global.sys.acquire" in ptx
 
 
+@pytest.mark.parametrize("name", ["matmul_reduce_scatter", "matmul_all_reduce"])
+def test_one_rank_stores_through_a_descriptor_for_sm90(name):
+    """GEMM+RS's and GEMM+AR's one-rank loop of stores with ``TMA_STORE`` and ``SUBTILE``
+    (flattened, persistent): bulk tensor stores of the output's halves, 128x256x64 in 4
+    stages within an SM's 227 KiB, the exchange's waits kept for more ranks."""
+    from jax_triton_dist import tiles
+
+    kernel, pointers, kwargs = CASES[name]
+    form = dict(kwargs, PERSISTENT=True, USE_TMA=True, FLATTEN=True, TMA_STORE=True,
+                SUBTILE=True, BLOCK_M=128, BLOCK_N=256, **({"M": 8192} if "M" in kwargs else {}))
+    signature, constexprs = signature_of(kernel, [("pointer", p) for p in pointers], form)
+    compiled = compile_kernel(kernel, signature, constexprs, num_warps=8, num_stages=4)
+    assert compiled.metadata.shared <= 227 * 1024
+    assert compiled.metadata.shared >= tiles.gemm_shared_bytes(dict(form, num_stages=4))
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared") >= 2
+    assert "wgmma.mma_async" in ptx and "ld.global.sys.acquire" in ptx
+
+
 def test_fence_lowers_to_ptx_fence():
     ptx = ptx_of(*CASES["shmem_calls"])
     assert "fence.acq_rel.sys" in ptx

@@ -317,9 +317,9 @@ def test_agmm_mmrs_errors():
 def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
     """What the ops hand the autotuner: GEMM+AR both exchanges at several ranks (the first
     is the choice on CPU and with tuning off: one-shot for small outputs, as all_reduce
-    chooses), one-shot alone at one rank, with its flattened loop of stores; AG+GEMM the
-    TMA-store forms of its descriptor configs, unbatched only, and the flattened forms
-    of its persistent descriptor configs."""
+    chooses), one-shot alone at one rank, with its loop of stores flattened and through a
+    descriptor; AG+GEMM the TMA-store forms of its descriptor configs, unbatched only,
+    and the flattened forms of its persistent descriptor configs."""
     from jax_triton_dist import autotune
     from jax_triton_dist.fused import launch
 
@@ -337,12 +337,16 @@ def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
     one, two = spaces
     assert {c.get("TWO_SHOT") for c in one} == {False}
     assert {c.get("TWO_SHOT") for c in two} == {False, True} and not two[0]["TWO_SHOT"]
-    # one rank: the one-shot configs and the flattened forms of the persistent descriptor
-    # ones (a single loop of stores); more ranks: both exchanges, none flattened
-    assert [c for c in two if not c["TWO_SHOT"]] == [c for c in one if not c.get("FLATTEN")]
+    # one rank: the one-shot configs, their descriptor-store forms and the flattened forms
+    # of the persistent descriptor ones (a single loop of stores); more ranks: both
+    # exchanges, none flattened or stored through a descriptor
+    one_rank_forms = ("FLATTEN", "TMA_STORE", "SUBTILE")
+    assert [c for c in two if not c["TWO_SHOT"]] == [
+        c for c in one if not any(c.get(form) for form in one_rank_forms)]
     flattened = [c for c in one if c.get("FLATTEN")]
     assert flattened and all(c["USE_TMA"] and c["PERSISTENT"] for c in flattened)
-    assert not any(c.get("FLATTEN") for c in two)
+    assert {c.get("SUBTILE", False) for c in one if c.get("TMA_STORE")} == {False, True}
+    assert not any(c.get(form) for c in two for form in one_rank_forms)
     # the default (first) form follows all_reduce's one-shot limit
     limit = launch.ONE_SHOT_MAX_BYTES
     assert launch._all_reduce_forms(8, limit) == ({"TWO_SHOT": False}, {"TWO_SHOT": True})

@@ -152,49 +152,69 @@ def test_all_gather_matmul_flattened(monkeypatch, store, ranks, dtype):
         assert_close(block, want, dtype)
 
 
-@pytest.mark.parametrize("ranks, dtype", [(1, jnp.float32), (2, jnp.bfloat16),
-                                         (3, jnp.float32)])
-def test_matmul_reduce_scatter_flattened(monkeypatch, ranks, dtype):
+# the stores of one rank's tiles: per thread, through C's descriptor, in halves (32-column
+# tiles over 48 columns: the last tile's second half wholly past the edge)
+ONE_RANK_STORES = pytest.mark.parametrize(
+    "store", [{}, {"TMA_STORE": True}, {"TMA_STORE": True, "SUBTILE": True, "BLOCK_N": 32}],
+    ids=["stores", "tma-store", "tma-halves"])
+
+
+@ONE_RANK_STORES
+@pytest.mark.parametrize("ranks, dtype, persistent", [
+    (1, jnp.float32, True), (1, jnp.bfloat16, False), (2, jnp.bfloat16, True),
+    (3, jnp.float32, True)])
+def test_matmul_reduce_scatter_flattened(monkeypatch, store, ranks, dtype, persistent):
     """GEMM+RS's ``FLATTEN`` form (the peers' segments in pipelined loops that only push,
-    the own segment last): 3 programs over 6 tiles a segment (40 rows in 16-row tiles,
-    clipped); with a bias and an activation; back to back; every rank's segment."""
+    the own segment last; one rank's tiles a loop of stores, which ``TMA_STORE`` and
+    ``SUBTILE`` store through C's descriptor, and change nothing at more ranks): 3
+    programs over each segment's tiles (40 rows in 16-row tiles, clipped); with a bias
+    and an activation; back to back; every rank's segment. Without ``PERSISTENT`` (one
+    tile a program) one rank's tiles are stored the same ways."""
     asked = []
     _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
-                              "num_warps": 4, "num_stages": 3, "PERSISTENT": True,
-                              "USE_TMA": True, "FLATTEN": True}, asked)
+                              "num_warps": 4, "num_stages": 3, "PERSISTENT": persistent,
+                              "USE_TMA": True, "FLATTEN": persistent, **store}, asked)
     mesh = mesh_1d(ranks)
-    x, w = rand((ranks * 40, ranks * 16), ranks + 50, dtype), rand((ranks * 16, 32), 51, dtype,
+    x, w = rand((ranks * 40, ranks * 16), ranks + 50, dtype), rand((ranks * 16, 48), 51, dtype,
                                                                     0.2)
-    bias = rand((32,), 52, dtype)
+    bias = rand((48,), 52, dtype)
     f = jax.jit(jax.shard_map(
         lambda a, b, c: jtd.matmul_reduce_scatter(a, b, "x", bias=c, activation="gelu"),
         mesh=mesh, in_specs=(P(None, "x"), P("x", None), P()), out_specs=P("x")))
     for _ in range(3):
         out = f(put(mesh, x, P(None, "x")), put(mesh, w, P("x", None)), put(mesh, bias, P()))
-    assert asked and all(a.get("flatten") for a in asked)
+    assert asked and all(a.get("flatten") and a.get("tma_store") == (ranks == 1)
+                         for a in asked)
     want = jax.nn.gelu(dot32(x, w) + bias.astype(jnp.float32), approximate=False)
     assert_close(out, want, dtype)
 
 
-@pytest.mark.parametrize("ranks, dtype, exchange", [
-    (1, jnp.float32, False), (1, jnp.bfloat16, False), (2, jnp.float32, False),
-    (3, jnp.bfloat16, True)])
-def test_matmul_all_reduce_flattened(monkeypatch, ranks, dtype, exchange):
-    """GEMM+AR's ``FLATTEN`` form: at one rank a single pipelined loop of stores (3
-    programs over 12 tiles, 40 rows in 16-row tiles, clipped), which the op asks for only
-    there; at more ranks the flag changes nothing (both exchanges); back to back."""
+@ONE_RANK_STORES
+@pytest.mark.parametrize("ranks, dtype, exchange, persistent", [
+    (1, jnp.float32, False, True), (1, jnp.bfloat16, False, True),
+    (1, jnp.float32, False, False), (2, jnp.float32, False, True),
+    (3, jnp.bfloat16, True, True)])
+def test_matmul_all_reduce_one_rank_forms(monkeypatch, store, ranks, dtype, exchange,
+                                          persistent):
+    """GEMM+AR at one rank: a single loop of stores (3 programs over 12 or 6 tiles, 40
+    rows in 16-row tiles, clipped; without ``PERSISTENT`` one tile a program),
+    ``FLATTEN`` pipelining it, ``TMA_STORE`` / ``SUBTILE`` storing through C's descriptor;
+    forms the op asks for only there; at more ranks they change nothing (both exchanges);
+    back to back."""
     asked = []
     _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
-                              "num_warps": 4, "num_stages": 3, "PERSISTENT": True,
-                              "USE_TMA": True, "FLATTEN": True, "TWO_SHOT": exchange}, asked)
+                              "num_warps": 4, "num_stages": 3, "PERSISTENT": persistent,
+                              "USE_TMA": True, "FLATTEN": persistent, "TWO_SHOT": exchange,
+                              **store}, asked)
     mesh = mesh_1d(ranks)
     x = rand((40, ranks * 32), ranks + 60, dtype)
-    w = rand((ranks * 32, 64), 61, dtype, 0.2)
+    w = rand((ranks * 32, 48), 61, dtype, 0.2)
     f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_all_reduce(a, b, "x"), mesh=mesh,
                               in_specs=(P(None, "x"), P("x", None)), out_specs=P()))
     for _ in range(3):
         out = f(put(mesh, x, P(None, "x")), put(mesh, w, P("x", None)))
-    assert asked and all(a.get("flatten") == (ranks == 1) for a in asked)
+    assert asked and all(a.get("flatten") == a.get("tma_store") == (ranks == 1)
+                         for a in asked)
     assert_close(out, dot32(x, w), dtype)
 
 

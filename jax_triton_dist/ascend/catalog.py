@@ -204,7 +204,8 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          **_STREAM_K_WORKSPACES},
         {"seg": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
-             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False, FLATTEN=False),
+             HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False, FLATTEN=False,
+             TMA_STORE=False, SUBTILE=False),
         # a peer segment's tile is pushed once; the own segment's tile waits per rank;
         # keep_tile adds a barrier
         Expected(notifies=1, waits=ranks, barriers=1 + ranks + 1))
@@ -216,7 +217,8 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
          "flags_ptr": "i32", **_STREAM_K_WORKSPACES},
         {"M": decode_m, "N": n, "K": k, "stride_am": k, "stride_bk": n},
         dict(_gemm_tiles(decode_m, n, k, 1, persistent), stride_ak=1, stride_bn=1,
-             B_NK=False, STREAM_K=False, TWO_SHOT=False, FLATTEN=False),
+             B_NK=False, STREAM_K=False, TWO_SHOT=False, FLATTEN=False, TMA_STORE=False,
+             SUBTILE=False),
         Expected(notifies=ranks - 1, waits=ranks, barriers=(ranks - 1) + ranks + 1))
     # two-shot: the owner's branch waits per rank and pushes its sum to every peer, the
     # other branch pushes one partial; every rank then waits for the sums it copies

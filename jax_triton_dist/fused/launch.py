@@ -164,7 +164,7 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
 
     return triton_call(
         _tuned(matmul_reduce_scatter_kernel, seg, n, k, size, tma=batch == 1,
-               flatten=batch == 1),
+               tma_store=size == 1 and batch == 1, flatten=batch == 1),
         x.reshape(batch * rows, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, seg, n), partial_dtype(x.dtype)),
@@ -188,7 +188,7 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
         return triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
 
     return triton_call(
-        _tuned(matmul_all_reduce_kernel, m, n, k, 1, flatten=size == 1,
+        _tuned(matmul_all_reduce_kernel, m, n, k, 1, tma_store=size == 1, flatten=size == 1,
                forms=_all_reduce_forms(size, m * n * x.dtype.itemsize)), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, m, n), partial_dtype(x.dtype)),
