@@ -269,12 +269,14 @@ def stream_k_configs(m: int, n: int, k: int, target: str = "cuda") -> list[dict[
     """Configs of the stream-K GEMM tile (``kernels/gemm.py``'s ``matmul_stream_k_kernel``,
     :func:`fill_programs` programs): the ``STREAM_K`` forms of :func:`gemm_configs`
     (``tma=True``, ``tile_kernel=True``): through pointers, through descriptors, and
-    through descriptors with both ``FLATTEN`` and ``TMA_STORE``; then the descriptor forms
+    through descriptors with both ``FLATTEN`` and ``TMA_STORE`` (whole output tiles: the
+    stream-K kernel has no ``SUBTILE`` form); then the descriptor forms
     again with ``IN_STEP`` (the split tiles' K blocks shared out in step:
     ``stream_k_split``). None where tiles fill whole waves, or off CUDA."""
     configs = [c for c in gemm_configs(m, n, k, target=target, tma=True, tile_kernel=True,
                                        stream_k=True)
-               if c.get("STREAM_K") and c.get("FLATTEN", False) == c.get("TMA_STORE", False)]
+               if c.get("STREAM_K") and c.get("FLATTEN", False) == c.get("TMA_STORE", False)
+               and not c.get("SUBTILE")]
     return configs + [dict(c, IN_STEP=True) for c in configs if c["USE_TMA"]]
 
 

@@ -94,6 +94,7 @@ def test_stream_k_configs_where_tiles_leave_a_partial_wave():
     assert configs and all(c["STREAM_K"] and c["PERSISTENT"] for c in configs)
     assert {c["USE_TMA"] for c in configs} == {False, True}
     assert all(c.get("FLATTEN", False) == c.get("TMA_STORE", False) for c in configs)
+    assert not any(c.get("SUBTILE") for c in configs)  # the stream-K kernel stores whole tiles
     assert all(tiles.gemm_shared_bytes(c) <= 227 * 1024 for c in configs)
     # 132 tiles of 64x64 fill one wave exactly: no stream-K form of that config
     assert not any(c["BLOCK_M"] == 64 and c["BLOCK_N"] == 64
