@@ -148,9 +148,10 @@ def gemm_configs(m: int, n: int, k: int, copies: int = 1, target: str = "cuda",
     persistent one also with ``SUBTILE`` (the fused AG+GEMM, whose output is local).
     ``flatten``: the caller's persistent ``USE_TMA`` forms can pipeline their tile and K
     loops as one: each also comes with ``FLATTEN`` (AG+GEMM, whose waits come once per
-    shard, before a shard's tile loop; GEMM+RS, whose peers' segments' loops only push;
-    GEMM+AR at one rank, a loop of stores). Configs whose
-    2-byte operands overflow shared memory (:func:`gemm_shared_bytes`) are left out."""
+    shard, before a shard's tile loop; GEMM+RS, whose peers' segments' loops only push
+    and whose own segment's waits come before its loop; GEMM+AR at one rank, a loop of
+    stores). Configs whose 2-byte operands overflow shared memory
+    (:func:`gemm_shared_bytes`) are left out."""
     first = {**gemm_tiles(m, n, k, copies, target), "num_stages": 3, "PERSISTENT": False,
              "USE_TMA": False}
     configs = [first]

@@ -28,7 +28,7 @@ from jax_triton_dist.kernels.gemm import (
     tile_descriptor,
     weight_descriptor,
 )
-from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile
+from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile, wait_tile
 from jax_triton_dist.swizzle import grouped_tile, own_last_tile, rank_rotated_tile
 
 
@@ -291,8 +291,9 @@ def matmul_reduce_scatter_kernel(
     then the rest go whole (a program's work still runs in the order, so its pushes still
     come before its waits). ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): each
     segment's tile loop and K loop are pipelined as one, as the GEMM tile's ``FLATTEN``
-    form, for the peers' segments (their loops only push; the own segment's loop, which
-    waits, stays as it is) and for one rank (no exchange). ``TMA_STORE`` (with
+    form: the peers' segments (their loops only push), the own segment (its program
+    acquires every flag of its tiles first, so that its loop of sums holds no spin loop:
+    Triton 3.6's loop fusion fails on one) and one rank's tiles (no exchange). ``TMA_STORE`` (with
     ``USE_TMA``, unbatched; ``SUBTILE``: in halves): one rank's tiles go out through a
     descriptor of C, as the GEMM tile's; with more ranks it changes nothing (the owners'
     sums are stored as they are summed).
@@ -333,9 +334,8 @@ def matmul_reduce_scatter_kernel(
                 block += k_last - k_first
             first += split
         # Whole tiles first, first + programs, ... of the order, segment by segment: the
-        # peers' (pushes only, a loop FLATTEN pipelines), then the own one (sums, waiting;
-        # never flattened: Triton 3.6's loop fusion fails on its waits' nested loops).
-        # One rank (folded where the rank count is compiled in): one loop of stores.
+        # peers' (pushes only), then the own one (sums; with FLATTEN its waits all come
+        # first). One rank (folded where the rank count is compiled in): one loop of stores.
         if world == 1:  # nothing to exchange: the GEMM's tile loop, stores only
             _reduce_scatter_segment_tiles(
                 first, 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots, flags,
@@ -357,7 +357,7 @@ def matmul_reduce_scatter_kernel(
                             start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_ptr,
                             slots, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                            ACTIVATION, USE_TMA, W_NK, "sum", False, False, False)
+                            ACTIVATION, USE_TMA, W_NK, "sum", FLATTEN, False, False)
     elif world == 1:  # one tile a program, stored as the persistent loop above stores it
         _reduce_scatter_segment_tiles(
             tl.program_id(0), 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots,
@@ -447,11 +447,17 @@ def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bia
     ``step``-th segment of the own-segment-last order, each finished as ``FINISH`` says:
     ``"push"`` to its owner (a peer's segment), ``"sum"`` with the peers' partials (the
     own segment, the last step), or ``"store"`` (one rank: the product is the result,
-    stored through ``c_desc``, C's :func:`output_descriptor`, with ``TMA_STORE``)."""
+    stored through ``c_desc``, C's :func:`output_descriptor`, with ``TMA_STORE``).
+    ``FLATTEN``: the tile and K loops pipelined as one; the sums' flags all acquired
+    before that loop (a spin loop inside it would stop the loop fusion)."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     segment = (me + 1 + step) % world
     first = step * tiles_m * tiles_n
+    if FLATTEN and FINISH == "sum":  # every wait first: the loop below holds no spin loop
+        for tile in range(start, first + tiles_m * tiles_n, tl.num_programs(0)):
+            local_m, pid_n = grouped_tile(tile - first, tiles_m, tiles_n, GROUP_M)
+            wait_tile(flags, me, world, local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch)
     for tile in tl.range(start, first + tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
         local_m, pid_n = grouped_tile(tile - first, tiles_m, tiles_n, GROUP_M)
         acc = _reduce_scatter_product(segment, local_m, pid_n, 0, K, x_ptr, w_ptr, x_desc,
@@ -464,7 +470,7 @@ def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bia
             keep_tile(acc, slots, me, seg, N, local_m, pid_n, BLOCK_M, BLOCK_N)
             sum_tile(c_ptr, slots, flags, me, world, seg, N, local_m, pid_n,
                      local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, bias_ptr, BLOCK_M,
-                     BLOCK_N, HAS_BIAS, ACTIVATION)
+                     BLOCK_N, HAS_BIAS, ACTIVATION, WAITED=FLATTEN)
         else:
             acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
             store_output(c_desc, c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N,

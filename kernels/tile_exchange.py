@@ -63,20 +63,29 @@ def _copy_tile(dst, src, rows, cols, pid_m, pid_n, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def wait_tile(flags, me, world, tile, num_tiles, epoch):
+    """Acquires every peer's flag ``(src, tile)`` at ``epoch``: their partials of the tile
+    have landed in this rank's slots."""
+    for src in range(0, world):
+        if src != me:
+            dl.wait(flags + src * num_tiles + tile, 1, "sys", "acquire", epoch)
+
+
+@triton.jit
 def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
              epoch, bias_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT: tl.constexpr = 2,
-             BROADCAST: tl.constexpr = False):
+             BROADCAST: tl.constexpr = False, WAITED: tl.constexpr = False):
     """Stores into ``C`` the float32 sum, in rank order, of every rank's partial of the
     tile: this rank's kept one (:func:`keep_tile`) and the peers', each read once its flag
     reaches ``epoch``. Every rank summing a tile gets the same bits. Sums ``BLOCK_M /
     SPLIT`` rows at a time: 128x128 tiles at 8 warps fit in 128 registers a thread. The
     epilogue (``kernels/epilogue.py``) applies to the sum. ``BROADCAST``: the sum, as
     stored into ``C``, also goes into slot ``me`` of every other rank, and flag ``(me,
-    tile)`` is raised there (:func:`copy_sum_tile` takes it from there)."""
-    for src in range(0, world):
-        if src != me:
-            dl.wait(flags + src * num_tiles + tile, 1, "sys", "acquire", epoch)
+    tile)`` is raised there (:func:`copy_sum_tile` takes it from there). ``WAITED``: the
+    caller has already acquired the peers' flags of the tile (:func:`wait_tile`)."""
+    if not WAITED:
+        wait_tile(flags, me, world, tile, num_tiles, epoch)
     SUB: tl.constexpr = BLOCK_M // SPLIT
     for part in range(0, SPLIT):
         sub_m = pid_m * SPLIT + part

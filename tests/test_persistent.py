@@ -165,11 +165,12 @@ ONE_RANK_STORES = pytest.mark.parametrize(
     (3, jnp.float32, True)])
 def test_matmul_reduce_scatter_flattened(monkeypatch, store, ranks, dtype, persistent):
     """GEMM+RS's ``FLATTEN`` form (the peers' segments in pipelined loops that only push,
-    the own segment last; one rank's tiles a loop of stores, which ``TMA_STORE`` and
-    ``SUBTILE`` store through C's descriptor, and change nothing at more ranks): 3
-    programs over each segment's tiles (40 rows in 16-row tiles, clipped); with a bias
-    and an activation; back to back; every rank's segment. Without ``PERSISTENT`` (one
-    tile a program) one rank's tiles are stored the same ways."""
+    the own segment last, its flags all acquired before its pipelined loop; one rank's
+    tiles a loop of stores, which ``TMA_STORE`` and ``SUBTILE`` store through C's
+    descriptor, and change nothing at more ranks): 3 programs over each segment's tiles
+    (40 rows in 16-row tiles, clipped); with a bias and an activation; back to back;
+    every rank's segment. Without ``PERSISTENT`` (one tile a program) one rank's tiles
+    are stored the same ways."""
     asked = []
     _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
                               "num_warps": 4, "num_stages": 3, "PERSISTENT": persistent,
