@@ -10,7 +10,9 @@ buffering across calls) where only one GPU is available.
 
 The ranks' programs must all be resident at once (``world * num_programs`` no more than
 the GPU's multiprocessors), or their spin waits cannot make progress; the waits'
-watchdog then traps instead of hanging.
+watchdog then ends the launch instead of hanging. The harness polls for the ranks' work
+rather than blocking on it: work still queued after :func:`finish_seconds` (which no wait
+can explain) is reported as an error naming the ranks and the start gate's state.
 
 SHMEM must hold ``world`` PEs on the GPU: ``run_ranks`` initialises it so (after
 ``shmem.finalize()`` if it was initialised otherwise, which drops JAX's launch plans;
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,7 +50,7 @@ from jax_triton_dist.runtime import (
     timeline_capture,
     tuning,
 )
-from jax_triton_dist.shmem import heap, lifetime
+from jax_triton_dist.shmem import heap, lifetime, settings
 
 __all__ = ["run_ranks", "time_ranks"]
 
@@ -162,6 +165,7 @@ class _Job:
                 f"({cuda_driver.unavailable_reason() or 'no CUDA launcher built'})")
         self.drv = drv = cuda_driver.driver()
         self.world, self.device, self.inputs = world, device, inputs
+        self.stuck = False  # a rank's work did not finish (finish): nothing may be freed
         _ensure_world(world, device)
         first = [np.ascontiguousarray(a) for a in inputs(0, 0)]
         self.site = site = _site(kernel, world, first, outputs, workspaces, grid, kwargs,
@@ -248,9 +252,18 @@ class _Job:
                 drv.event_record(self.device, ends[rank], self.streams[rank])
 
     def finish(self, call: int) -> None:
-        """Waits for every rank; raises a failure a wait recorded."""
-        for stream in self.streams:
-            self.drv.stream_synchronize(self.device, stream)
+        """Waits for every rank; raises a failure a wait recorded, or (a rank's work not
+        done after :func:`finish_seconds`: the GPU is stuck) an error saying so."""
+        seconds = finish_seconds()
+        stuck = wait_streams(self.drv, self.device, self.streams, seconds)
+        if stuck:
+            self.stuck = True
+            try:
+                gate = struct.unpack("<I", self.drv.read(self.device, self.gate, 4))[0]
+            except Exception:  # noqa: BLE001 - the message says it could not be read
+                gate = None
+            raise RuntimeError(stuck_message(self.caller, call, stuck, seconds, gate,
+                                             self.releases))
         failure = cuda_dispatch.take_failure(self.device, self.site.call_id, self.site.label)
         if failure:
             raise RuntimeError(f"{self.caller}, call {call}: {failure}")
@@ -261,6 +274,10 @@ class _Job:
 
     def close(self) -> None:
         drv, device = self.drv, self.device
+        if self.stuck:  # work still queued would use what is freed: leave all of it
+            launch_log.emit(f"{self.caller}: the GPU's work did not finish; its streams, "
+                            "buffers and modules are left as they are")
+            return
         for stream in (*self.streams, self.gate_stream):
             drv.stream_synchronize(device, stream)
             drv.stream_destroy(device, stream)
@@ -272,6 +289,55 @@ class _Job:
         if self.site.timeline:  # inside jtd.timeline.record: keep the events
             timeline_capture.harvest(self.site)
         heap.release(self.contexts[0][0] - heap.heap_base(0))
+
+
+# Past the waits' own limit (JTD_WAIT_TIMEOUT, after which a wait gives up and ends its
+# launch), how long a rank's work may still take before the harness calls the GPU stuck.
+FINISH_GRACE_S = 30.0
+
+
+def finish_seconds() -> float:
+    """Seconds :meth:`_Job.finish` waits for the ranks' work: twice the waits' limit
+    (``JTD_WAIT_TIMEOUT``) plus :data:`FINISH_GRACE_S`. Work still queued then cannot end
+    by itself (a wait would have given up): the start gate never opened, or the GPU is
+    deadlocked in a way no wait sees."""
+    return 2 * settings.wait_timeout() + FINISH_GRACE_S
+
+
+def wait_streams(drv, device: int, streams: Sequence[int], seconds: float,
+                 clock: Callable[[], float] = time.monotonic,
+                 pause: Callable[[float], None] = time.sleep) -> list[int]:
+    """Polls ``streams`` until their work has completed or ``seconds`` have passed (it
+    never blocks in the driver, so a stuck GPU cannot hang the caller); returns the
+    indices of those whose work has not completed (none: all done)."""
+    deadline = clock() + seconds
+    pending = list(range(len(streams)))
+    delay = 1e-5
+    while True:
+        pending = [i for i in pending if not drv.stream_query(device, streams[i])]
+        if not pending or clock() >= deadline:
+            return pending
+        pause(delay)
+        delay = min(2 * delay, 1e-3)
+
+
+def stuck_message(caller: str, call: int, ranks: Sequence[int], seconds: float,
+                  gate: int | None, releases: int) -> str:
+    """What :meth:`_Job.finish` raises when ranks' work did not finish: which ranks, how
+    long, and the start gate's state (``gate``: its value read back, None if unreadable;
+    ``releases``: the value the last launch opened it to)."""
+    if gate is None:
+        state = "could not be read"
+    elif gate >= releases:
+        state = f"is open ({gate} of {releases} releases): the launches themselves are stuck"
+    else:
+        state = (f"is still closed ({gate}, opened to {releases}): the write that opens it "
+                 "never ran")
+    return (f"{caller}, call {call}: rank(s) {list(ranks)} did not finish within "
+            f"{seconds:.0f} s, though every wait gives up after {settings.wait_timeout():.0f} s "
+            f"({settings.TIMEOUT_ENV}); the start gate {state}. The GPU's queued work cannot "
+            "be cancelled: this job's streams and buffers are left as they are; restart the "
+            "process")
 
 
 def _options(num_warps: int | None, num_stages: int | None) -> dict[str, int]:

@@ -52,6 +52,7 @@ struct Table {
   CUresult (*cuStreamCreate)(CUstream*, unsigned);
   CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuStreamQuery)(CUstream);
   CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
   CUresult (*cuStreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -132,6 +133,7 @@ inline const Table* Load() {
         Resolve(lib, t->cuStreamCreate, "cuStreamCreate") &&
         Resolve(lib, t->cuStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy") &&
         Resolve(lib, t->cuStreamSynchronize, "cuStreamSynchronize") &&
+        Resolve(lib, t->cuStreamQuery, "cuStreamQuery") &&
         Resolve(lib, t->cuStreamWriteValue32, "cuStreamWriteValue32_v2", "cuStreamWriteValue32") &&
         Resolve(lib, t->cuStreamWaitValue32, "cuStreamWaitValue32_v2", "cuStreamWaitValue32") &&
         Resolve(lib, t->cuLaunchKernel, "cuLaunchKernel") &&

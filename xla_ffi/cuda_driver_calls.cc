@@ -187,6 +187,17 @@ NB_MODULE(_cuda_driver, m) {
       },
       "device"_a, "stream"_a);
   m.def(
+      "stream_query",
+      [](int device, uintptr_t stream) {
+        // Whether all work queued on the stream has completed (never blocks).
+        DeviceScope scope(device);
+        CUresult result = D().cuStreamQuery(reinterpret_cast<CUstream>(stream));
+        if (result == CUDA_ERROR_NOT_READY) return false;
+        Check(result, "cuStreamQuery");
+        return true;
+      },
+      "device"_a, "stream"_a);
+  m.def(
       "event_create",
       [](int device) {
         DeviceScope scope(device);
