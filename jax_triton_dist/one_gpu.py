@@ -10,7 +10,11 @@ buffering across calls) where only one GPU is available.
 
 The ranks' programs must all be resident at once (``world * num_programs`` no more than
 the GPU's multiprocessors), or their spin waits cannot make progress; the waits'
-watchdog then ends the launch instead of hanging. The harness polls for the ranks' work
+watchdog then ends the launch instead of hanging. A GPU gives its streams a few
+hardware queues (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default): past 8 ranks, streams
+share queues, so one rank's kernel can queue behind another's; raise the variable before
+CUDA starts. The gate is a word of host-mapped memory the host opens with a store, so no
+stream's work queues behind the waits it ends. The harness polls for the ranks' work
 rather than blocking on it: work still queued after :func:`finish_seconds` (which no wait
 can explain) is reported as an error naming the ranks and the start gate's state.
 
@@ -31,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import struct
 import time
@@ -152,6 +157,42 @@ def _skip(site: call_site.CallSite, index: int, rank: int, error: Exception) -> 
                     f"({site.variants[index].config}): {type(error).__name__}: {error}")
 
 
+class _Gate:
+    """A start gate of GPU ``device``: a 32-bit word in host-mapped memory that launch
+    streams wait on (``cuStreamWaitValue32``, until it reaches a release number) and
+    that the host opens with a plain store. No stream of its own: a stream that wrote it
+    could share a hardware queue with a waiting rank's stream (a GPU has a few such
+    queues, ``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default, for any number of streams) and
+    then queue behind the wait it should end. One per device, kept for the process; its
+    release numbers only grow."""
+
+    _gates: dict[int, _Gate] = {}
+
+    def __init__(self, device: int):
+        self.host, self.device_address = cuda_driver.driver().host_alloc_mapped(device, 4)
+        self._word = ctypes.c_uint32.from_address(self.host)
+        self._released = 0
+
+    @classmethod
+    def of(cls, device: int) -> _Gate:
+        if device not in cls._gates:
+            cls._gates[device] = cls(device)
+        return cls._gates[device]
+
+    def next_release(self) -> int:
+        """The number the next opening writes (streams enqueued now wait for it)."""
+        return self._released + 1
+
+    def open(self, release: int) -> None:
+        """Lets every stream waiting for ``release`` (or less) go."""
+        self._released = max(self._released, release)
+        self._word.value = self._released
+
+    def value(self) -> int:
+        """The word as the host sees it."""
+        return self._word.value
+
+
 class _Job:
     """The ranks of one kernel on one GPU: SHMEM, the team's region, a stream and buffers
     per rank, the chosen variant loaded once per rank; :meth:`close` releases them."""
@@ -176,11 +217,8 @@ class _Job:
         self.team.region = self.contexts
         site.teams[()] = self.team
         self.streams = [drv.stream_create(device) for _ in range(world)]
-        # The gate: every rank's stream waits on it until all launches are enqueued.
-        self.gate_stream = drv.stream_create(device)
-        self.gate = drv.alloc(device, 4)
-        drv.write(device, self.gate, bytes(4))
-        self.releases = 0
+        self.gate = _Gate.of(device)  # every rank's stream waits on it (launch)
+        self.releases = 0  # the value the last launch opened the gate to
         self.in_bufs = [[drv.alloc(device, max(a.nbytes, 1)) for a in first]
                         for _ in range(world)]
         self.out_bufs = [[drv.alloc(device, max(site.outputs[i].nbytes, 1))
@@ -217,15 +255,16 @@ class _Job:
         than one host launch apart; ``start``: an event recorded as the gate opens;
         ``ends``: an event per rank recorded after its launch."""
         drv = self.drv
-        self.releases += 1
+        self.releases = self.gate.next_release()
         try:  # (the waits inside: streams already held must be let go if a later one fails)
             for stream in self.streams:
-                drv.stream_wait_value(self.device, stream, self.gate, self.releases)
+                drv.stream_wait_value(self.device, stream, self.gate.device_address,
+                                      self.releases)
             if start is not None:
                 drv.event_record(self.device, start, self.streams[0])
             self._enqueue(call, ends)
         finally:  # open the gate even if an enqueue failed (the streams would wait forever)
-            drv.stream_write_value(self.device, self.gate_stream, self.gate, self.releases)
+            self.gate.open(self.releases)
 
     def _enqueue(self, call: int, ends: list[int] | None) -> None:
         epoch, drv = self.epoch, self.drv
@@ -258,12 +297,8 @@ class _Job:
         stuck = wait_streams(self.drv, self.device, self.streams, seconds)
         if stuck:
             self.stuck = True
-            try:
-                gate = struct.unpack("<I", self.drv.read(self.device, self.gate, 4))[0]
-            except Exception:  # noqa: BLE001 - the message says it could not be read
-                gate = None
-            raise RuntimeError(stuck_message(self.caller, call, stuck, seconds, gate,
-                                             self.releases))
+            raise RuntimeError(stuck_message(self.caller, call, stuck, seconds,
+                                             self.gate.value(), self.releases))
         failure = cuda_dispatch.take_failure(self.device, self.site.call_id, self.site.label)
         if failure:
             raise RuntimeError(f"{self.caller}, call {call}: {failure}")
@@ -278,10 +313,9 @@ class _Job:
             launch_log.emit(f"{self.caller}: the GPU's work did not finish; its streams, "
                             "buffers and modules are left as they are")
             return
-        for stream in (*self.streams, self.gate_stream):
+        for stream in self.streams:
             drv.stream_synchronize(device, stream)
             drv.stream_destroy(device, stream)
-        drv.free(device, self.gate)
         for buf in itertools.chain(*self.in_bufs, *self.out_bufs):
             drv.free(device, buf)
         for item in self.loaded:
@@ -321,18 +355,15 @@ def wait_streams(drv, device: int, streams: Sequence[int], seconds: float,
         delay = min(2 * delay, 1e-3)
 
 
-def stuck_message(caller: str, call: int, ranks: Sequence[int], seconds: float,
-                  gate: int | None, releases: int) -> str:
+def stuck_message(caller: str, call: int, ranks: Sequence[int], seconds: float, gate: int,
+                  releases: int) -> str:
     """What :meth:`_Job.finish` raises when ranks' work did not finish: which ranks, how
-    long, and the start gate's state (``gate``: its value read back, None if unreadable;
-    ``releases``: the value the last launch opened it to)."""
-    if gate is None:
-        state = "could not be read"
-    elif gate >= releases:
-        state = f"is open ({gate} of {releases} releases): the launches themselves are stuck"
+    long, and the start gate's state (``gate``: its word; ``releases``: the number the
+    last launch's streams wait for)."""
+    if gate >= releases:
+        state = f"is open ({gate}, awaited {releases}): the launches themselves are stuck"
     else:
-        state = (f"is still closed ({gate}, opened to {releases}): the write that opens it "
-                 "never ran")
+        state = f"is still closed ({gate}, awaited {releases}): the host never opened it"
     return (f"{caller}, call {call}: rank(s) {list(ranks)} did not finish within "
             f"{seconds:.0f} s, though every wait gives up after {settings.wait_timeout():.0f} s "
             f"({settings.TIMEOUT_ENV}); the start gate {state}. The GPU's queued work cannot "

@@ -57,9 +57,8 @@ def test_finish_seconds_follow_the_wait_timeout(monkeypatch):
 
 
 @pytest.mark.parametrize("gate, expected", [
-    (7, "start gate is open (7 of 7 releases): the launches themselves are stuck"),
-    (6, "start gate is still closed (6, opened to 7): the write that opens it never ran"),
-    (None, "start gate could not be read")])
+    (7, "start gate is open (7, awaited 7): the launches themselves are stuck"),
+    (6, "start gate is still closed (6, awaited 7): the host never opened it")])
 def test_stuck_message_says_which_ranks_how_long_and_the_gate(monkeypatch, gate, expected):
     monkeypatch.setenv("JTD_WAIT_TIMEOUT", "20")
     text = one_gpu.stuck_message("one_gpu.time_ranks", 4, [1, 3], 70.0, gate, 7)
@@ -67,3 +66,33 @@ def test_stuck_message_says_which_ranks_how_long_and_the_gate(monkeypatch, gate,
                            "within 70 s, though every wait gives up after 20 s "
                            "(JTD_WAIT_TIMEOUT)")
     assert expected in text and "restart the process" in text
+
+
+def test_gate_is_a_host_word_whose_releases_only_grow(monkeypatch):
+    """The start gate: a word of host-mapped memory the host opens with a store (no
+    stream that could queue behind the waits it ends), shared by the process's jobs on
+    a device, its release numbers growing across them."""
+    import ctypes
+
+    from jax_triton_dist.runtime import cuda_driver
+
+    words = []
+
+    class _Driver:
+        def host_alloc_mapped(self, device, nbytes):
+            assert nbytes == 4
+            words.append(ctypes.c_uint32(0))
+            return ctypes.addressof(words[-1]), 0xD000 + device
+
+    monkeypatch.setattr(cuda_driver, "driver", _Driver)
+    monkeypatch.setattr(one_gpu._Gate, "_gates", {})
+    gate = one_gpu._Gate.of(5)
+    assert gate is one_gpu._Gate.of(5) and gate.device_address == 0xD005
+    assert one_gpu._Gate.of(6) is not gate and len(words) == 2
+    first = gate.next_release()
+    assert first == 1 and gate.value() == 0  # streams enqueued now wait for 1
+    gate.open(first)
+    assert gate.value() == words[0].value == 1
+    assert gate.next_release() == 2  # the next job on the device goes on from there
+    gate.open(1)  # a late, lower opening never closes it again
+    assert gate.value() == 1

@@ -248,15 +248,6 @@ NB_MODULE(_cuda_driver, m) {
       },
       "device"_a, "stream"_a, "addr"_a, "value"_a);
   m.def(
-      "stream_write_value",
-      [](int device, uintptr_t stream, uint64_t addr, uint32_t value) {
-        DeviceScope scope(device);
-        Check(D().cuStreamWriteValue32(reinterpret_cast<CUstream>(stream), addr, value,
-                                       CU_STREAM_WRITE_VALUE_DEFAULT),
-              "cuStreamWriteValue32");
-      },
-      "device"_a, "stream"_a, "addr"_a, "value"_a);
-  m.def(
       "copy_async",
       [](int device, uint64_t dst, uint64_t src, size_t nbytes, uintptr_t stream) {
         DeviceScope scope(device);

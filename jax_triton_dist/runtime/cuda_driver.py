@@ -46,7 +46,7 @@ def driver() -> ModuleType:
     """The driver calls (``alloc``, ``free``, ``read``, ``write``, ``copy_async``,
     ``load_function``, ``module_global``, ``resident_programs``, ``stream_create``,
     ``stream_destroy``, ``stream_synchronize``, ``stream_query``, ``stream_wait_value``,
-    ``stream_write_value``, ``device_synchronize``, ``event_create``,
+    ``device_synchronize``, ``event_create``,
     ``event_record``, ``event_elapsed_ms``, ``event_destroy``, ``launch``, ``device_count``).
 
     Raises:
