@@ -57,7 +57,7 @@ from jax_triton_dist.runtime import (
 )
 from jax_triton_dist.shmem import heap, lifetime, settings
 
-__all__ = ["run_ranks", "time_ranks"]
+__all__ = ["run_ranks", "time_ranks", "StuckError"]
 
 _ids = itertools.count(-1, -1)  # negative: never clash with traced call sites
 
@@ -155,6 +155,11 @@ def _skip(site: call_site.CallSite, index: int, rank: int, error: Exception) -> 
     launch_log.emit(f"jtd autotune kernel={site.label} rank={rank} "
                     f"config={index + 1}/{len(site.variants)} failed "
                     f"({site.variants[index].config}): {type(error).__name__}: {error}")
+
+
+class StuckError(RuntimeError):
+    """The ranks' work did not finish (:func:`finish_seconds`): the GPU is stuck, and
+    nothing more should run on it in this process."""
 
 
 class _Gate:
@@ -297,8 +302,8 @@ class _Job:
         stuck = wait_streams(self.drv, self.device, self.streams, seconds)
         if stuck:
             self.stuck = True
-            raise RuntimeError(stuck_message(self.caller, call, stuck, seconds,
-                                             self.gate.value(), self.releases))
+            raise StuckError(stuck_message(self.caller, call, stuck, seconds,
+                                           self.gate.value(), self.releases))
         failure = cuda_dispatch.take_failure(self.device, self.site.call_id, self.site.label)
         if failure:
             raise RuntimeError(f"{self.caller}, call {call}: {failure}")

@@ -140,6 +140,40 @@ def test_overlap_waits_reads_each_gemm_once_and_fails_only_unreadable_rows(monke
     assert all(r["program_ratio"] == 1.0 for r in rows if "error" not in r)
 
 
+def test_overlap_fused_fails_only_failing_rows_and_stops_on_a_stuck_gpu(monkeypatch, capsys):
+    """The fused part: a run that fails (here GEMM+RS's tuned kernel) gives its row the
+    reason and the others still run, each printed as it ends; a stuck GPU
+    (``one_gpu.StuckError``) ends the part."""
+    from jax_triton_dist import one_gpu
+    from jax_triton_dist.bench import overlap
+
+    def time(job, world, programs, iters, num_warps=None):
+        kernel = job["kernel"]
+        name = getattr(kernel, "fn", kernel).__name__
+        if name == "matmul_reduce_scatter_kernel" and num_warps is None:  # the tuned one
+            raise RuntimeError("rank 1: a wait timed out")
+        return 2.0 if name == "matmul_kernel" else 2.2
+
+    monkeypatch.setattr(overlap, "_time", time)
+    monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
+    rows = overlap.fused([2], 1)
+    assert [(r["op"], r["form"]) for r in rows] == [
+        (op, form) for op in overlap.SHAPES for form in overlap.FORMS[op]]
+    failed = [r for r in rows if "error" in r]
+    assert [r["op"] for r in failed] == ["matmul_reduce_scatter"]
+    assert failed[0]["error"] == "rank 1: a wait timed out" and "tuned_us" not in failed[0]
+    assert all(r["tuned_ratio"] == pytest.approx(1.1) for r in rows if "error" not in r)
+    printed = capsys.readouterr().out
+    assert printed.count("fused: ") == len(rows) and "error: rank 1" in printed
+
+    def stuck(job, world, programs, iters, num_warps=None):
+        raise one_gpu.StuckError("rank(s) [0] did not finish")
+
+    monkeypatch.setattr(overlap, "_time", stuck)
+    with pytest.raises(one_gpu.StuckError):
+        overlap.fused([2], 1)
+
+
 def test_timeline_summary_skips_an_epoch_whose_events_were_dropped():
     """A later call whose program ends were dropped (past the capacity) is not read as a
     shorter call: the latest complete epoch is; with none, the error counts the events."""

@@ -177,23 +177,47 @@ def _time(job: dict[str, Any], world: int, programs: int, iters: int,
 
 
 def fused(worlds: list[int], iters: int) -> list[dict[str, Any]]:
-    """Each fused op vs the local GEMMs alone, at each rank count."""
+    """Each fused op vs the local GEMMs alone, at each rank count; each row printed as it
+    ends. A row whose run fails carries the reason (under ``error``) and the others still
+    run, unless the GPU is stuck (``one_gpu.StuckError``: nothing more can run on it)."""
     rows = []
     for op, (m, n, k) in SHAPES.items():
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
-            gemm_s = _time(_gemm_job(op), world, programs, iters, WARPS[op])
-            gemm_tuned_s = _time(_autotuned(_gemm_job(op), op, world), world, programs, iters)
+            gemm = _attempt(lambda op=op, world=world, programs=programs: (
+                _time(_gemm_job(op), world, programs, iters, WARPS[op]),
+                _time(_autotuned(_gemm_job(op), op, world), world, programs, iters)))
             for form in FORMS[op]:
-                fused_s = _time(_fused_job(op, world, form), world, programs, iters, WARPS[op])
-                tuned_s = _time(_tuned_job(op, world, form), world, programs, iters)
-                rows.append({"bench": "fused", "op": op, "form": form, "ranks": world,
-                             "shape": f"{m}x{n}x{k}", "programs": programs,
-                             "fused_us": fused_s * 1e6, "gemm_us": gemm_s * 1e6,
-                             "ratio": fused_s / gemm_s, "tuned_us": tuned_s * 1e6,
-                             "gemm_tuned_us": gemm_tuned_s * 1e6,
-                             "tuned_ratio": tuned_s / gemm_tuned_s})
+                row = {"bench": "fused", "op": op, "form": form, "ranks": world,
+                       "shape": f"{m}x{n}x{k}", "programs": programs}
+                timed = gemm if isinstance(gemm, str) else _attempt(
+                    lambda op=op, world=world, form=form, programs=programs: (
+                        _time(_fused_job(op, world, form), world, programs, iters,
+                              WARPS[op]),
+                        _time(_tuned_job(op, world, form), world, programs, iters)))
+                if isinstance(timed, str):
+                    row["error"] = timed
+                else:
+                    (gemm_s, gemm_tuned_s), (fused_s, tuned_s) = gemm, timed
+                    row.update({"fused_us": fused_s * 1e6, "gemm_us": gemm_s * 1e6,
+                                "ratio": fused_s / gemm_s, "tuned_us": tuned_s * 1e6,
+                                "gemm_tuned_us": gemm_tuned_s * 1e6,
+                                "tuned_ratio": tuned_s / gemm_tuned_s})
+                rows.append(row)
+                print(f"fused: {op} {form} at {world} ranks: "
+                      + (f"error: {row['error']}" if "error" in row else
+                         f"tuned/GEMM tuned {row['tuned_ratio']:.3f}"), flush=True)
     return rows
+
+
+def _attempt(timings: Callable[[], Any]) -> Any:
+    """``timings()``, or why it failed (a string); a stuck GPU is raised."""
+    try:
+        return timings()
+    except one_gpu.StuckError:
+        raise
+    except (RuntimeError, ValueError) as error:
+        return str(error)
 
 
 def collectives(worlds: list[int], sizes: list[int], iters: int) -> list[dict[str, Any]]:
@@ -350,11 +374,9 @@ def waits(worlds: list[int]) -> list[dict[str, Any]]:
 
 def _read_timeline(job: dict[str, Any], world: int, programs: int, num_warps: int
                    ) -> tuple[dict[str, float], int] | str:
-    """:func:`_timeline_of`, or why it could not be read (or the job failed)."""
-    try:
-        return _timeline_of(job, world, programs, num_warps)
-    except (ValueError, RuntimeError) as error:
-        return str(error)
+    """:func:`_timeline_of`, or why it could not be read (or the job failed; a stuck GPU
+    is raised)."""
+    return _attempt(lambda: _timeline_of(job, world, programs, num_warps))
 
 
 PARTS = ("fused", "collectives", "waits")
@@ -385,7 +407,7 @@ COLUMNS = {
               ("programs", "programs", "d"), ("fused_us", "table us", ".1f"),
               ("gemm_us", "GEMM table us", ".1f"), ("ratio", "table/GEMM", ".3f"),
               ("tuned_us", "tuned us", ".1f"), ("gemm_tuned_us", "GEMM tuned us", ".1f"),
-              ("tuned_ratio", "tuned/GEMM tuned", ".3f")],
+              ("tuned_ratio", "tuned/GEMM tuned", ".3f"), ("error", "error", "")],
     "waits": [("op", "op", ""), ("form", "form", ""), ("ranks", "ranks", "d"),
               ("span_us", "span us", ".1f"),
               ("gemm_span_us", "GEMM span us", ".1f"), ("skew_us", "skew us", ".1f"),
