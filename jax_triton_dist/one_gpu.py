@@ -175,8 +175,7 @@ class _Gate:
 
     def __init__(self, device: int):
         self.host, self.device_address = cuda_driver.driver().host_alloc_mapped(device, 4)
-        self._word = ctypes.c_uint32.from_address(self.host)
-        self._released = 0
+        self._word = ctypes.c_uint32.from_address(self.host)  # only the host writes it
 
     @classmethod
     def of(cls, device: int) -> _Gate:
@@ -186,12 +185,11 @@ class _Gate:
 
     def next_release(self) -> int:
         """The number the next opening writes (streams enqueued now wait for it)."""
-        return self._released + 1
+        return self._word.value + 1
 
     def open(self, release: int) -> None:
         """Lets every stream waiting for ``release`` (or less) go."""
-        self._released = max(self._released, release)
-        self._word.value = self._released
+        self._word.value = max(self._word.value, release)
 
     def value(self) -> int:
         """The word as the host sees it."""

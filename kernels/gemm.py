@@ -241,8 +241,8 @@ def split_columns(tile, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr,
-                  SUBTILE: tl.constexpr = False):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr,
+                 SUBTILE: tl.constexpr = False):
     """A finished float32 tile into C: through C's :func:`output_descriptor`
     (``TMA_STORE``; in two halves of ``BLOCK_N / 2`` columns with ``SUBTILE``) or
     :func:`store_tile`."""

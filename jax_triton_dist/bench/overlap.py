@@ -184,17 +184,12 @@ def fused(worlds: list[int], iters: int) -> list[dict[str, Any]]:
     for op, (m, n, k) in SHAPES.items():
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
-            gemm = _attempt(lambda op=op, world=world, programs=programs: (
-                _time(_gemm_job(op), world, programs, iters, WARPS[op]),
-                _time(_autotuned(_gemm_job(op), op, world), world, programs, iters)))
+            gemm = _attempt(_gemm_times, op, world, programs, iters)
             for form in FORMS[op]:
                 row = {"bench": "fused", "op": op, "form": form, "ranks": world,
                        "shape": f"{m}x{n}x{k}", "programs": programs}
                 timed = gemm if isinstance(gemm, str) else _attempt(
-                    lambda op=op, world=world, form=form, programs=programs: (
-                        _time(_fused_job(op, world, form), world, programs, iters,
-                              WARPS[op]),
-                        _time(_tuned_job(op, world, form), world, programs, iters)))
+                    _fused_times, op, world, form, programs, iters)
                 if isinstance(timed, str):
                     row["error"] = timed
                 else:
@@ -210,10 +205,23 @@ def fused(worlds: list[int], iters: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _attempt(timings: Callable[[], Any]) -> Any:
-    """``timings()``, or why it failed (a string); a stuck GPU is raised."""
+def _gemm_times(op: str, world: int, programs: int, iters: int) -> tuple[float, float]:
+    """Seconds of the local GEMMs alone: the fixed table's tile, and tuned."""
+    return (_time(_gemm_job(op), world, programs, iters, WARPS[op]),
+            _time(_autotuned(_gemm_job(op), op, world), world, programs, iters))
+
+
+def _fused_times(op: str, world: int, form: str, programs: int,
+                 iters: int) -> tuple[float, float]:
+    """Seconds of the fused op: the fixed table's tile, and tuned."""
+    return (_time(_fused_job(op, world, form), world, programs, iters, WARPS[op]),
+            _time(_tuned_job(op, world, form), world, programs, iters))
+
+
+def _attempt(timings: Callable[..., Any], *args: Any) -> Any:
+    """``timings(*args)``, or why it failed (a string); a stuck GPU is raised."""
     try:
-        return timings()
+        return timings(*args)
     except one_gpu.StuckError:
         raise
     except (RuntimeError, ValueError) as error:
@@ -376,7 +384,7 @@ def _read_timeline(job: dict[str, Any], world: int, programs: int, num_warps: in
                    ) -> tuple[dict[str, float], int] | str:
     """:func:`_timeline_of`, or why it could not be read (or the job failed; a stuck GPU
     is raised)."""
-    return _attempt(lambda: _timeline_of(job, world, programs, num_warps))
+    return _attempt(_timeline_of, job, world, programs, num_warps)
 
 
 PARTS = ("fused", "collectives", "waits")
