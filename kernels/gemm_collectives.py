@@ -28,7 +28,12 @@ from jax_triton_dist.kernels.gemm import (
     tile_descriptor,
     weight_descriptor,
 )
-from jax_triton_dist.kernels.tile_exchange import keep_tile, push_tile, sum_tile, wait_tile
+from jax_triton_dist.kernels.tile_exchange import (
+    push_tile,
+    slots_descriptor,
+    sum_own_tile,
+    wait_tile,
+)
 from jax_triton_dist.swizzle import grouped_tile, own_last_tile, rank_rotated_tile
 
 
@@ -276,13 +281,16 @@ def matmul_reduce_scatter_kernel(
     ACTIVATION: tl.constexpr = "none", PERSISTENT: tl.constexpr = False,
     USE_TMA: tl.constexpr = False, W_NK: tl.constexpr = False, STREAM_K: tl.constexpr = False,
     FLATTEN: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
-    SUBTILE: tl.constexpr = False,
+    SUBTILE: tl.constexpr = False, SUM_TMA: tl.constexpr = False,
 ):
     """Tiles come segment by segment, the peers' segments first (rank+1, rank+2, ...) and
     this rank's own last. A peer segment's partial tile is pushed (in the slots' type) into
     its owner's slot as soon as it is computed; the own segment's tiles then sum every
-    rank's partial (in float32, rank order). Only the last programs wait, and only for
-    other ranks' earlier tiles.
+    rank's partial in float32. Only the last programs wait, and only for other ranks'
+    earlier tiles. ``SUM_TMA`` (the slots' rows a multiple of 16 bytes): an own tile's
+    partial stays in registers and the peers' are added to it in rank order, read through a
+    descriptor of the slots (``tile_exchange.sum_own_tile``); otherwise it is written to its
+    slot and every rank's is summed in rank order.
 
     ``PERSISTENT``: a grid of fewer programs than tiles (all resident at once), each
     looping over tiles ``program, program + programs, ...`` of that order (each program's
@@ -316,6 +324,9 @@ def matmul_reduce_scatter_kernel(
         x_desc = tile_descriptor(x_ptr, world * seg, K, K, 1, BLOCK_M, BLOCK_K)
         w_desc = weight_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N, W_NK)
     c_desc = output_descriptor(c_ptr, seg, N, N, 1, BLOCK_M, BLOCK_N, TMA_STORE, SUBTILE)
+    slots_desc = slots  # SUM_TMA: the slots' descriptor, once per program
+    if SUM_TMA:
+        slots_desc = slots_descriptor(slots, world, seg, N, BLOCK_M, BLOCK_N)
     blocks = tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
         first = tl.program_id(0)
@@ -327,10 +338,11 @@ def matmul_reduce_scatter_kernel(
                 tile, k_first, k_last = stream_k_chunk(block, end, blocks)
                 _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra,
                                             x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
-                                            slots, flags, partial_ptr, counts_ptr, me, world,
-                                            epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
-                                            BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                                            ACTIVATION, USE_TMA, W_NK, True)
+                                            slots, slots_desc, flags, partial_ptr, counts_ptr,
+                                            me, world, epoch, seg, N, K, R, stride_wk,
+                                            stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                            BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK,
+                                            SUM_TMA, True)
                 block += k_last - k_first
             first += split
         # Whole tiles first, first + programs, ... of the order, segment by segment: the
@@ -338,10 +350,10 @@ def matmul_reduce_scatter_kernel(
         # first). One rank (folded where the rank count is compiled in): one loop of stores.
         if world == 1:  # nothing to exchange: the GEMM's tile loop, stores only
             _reduce_scatter_segment_tiles(
-                first, 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots, flags,
-                me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
-                BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "store",
-                FLATTEN, TMA_STORE, SUBTILE)
+                first, 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots,
+                slots_desc, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
+                W_NK, "store", FLATTEN, TMA_STORE, SUBTILE, SUM_TMA)
         else:
             for step in range(0, world):
                 start = _first_tile_from(first, step * tiles_per_segment)
@@ -349,38 +361,42 @@ def matmul_reduce_scatter_kernel(
                     if step < world - 1:
                         _reduce_scatter_segment_tiles(
                             start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_ptr,
-                            slots, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                            ACTIVATION, USE_TMA, W_NK, "push", FLATTEN, False, False)
+                            slots, slots_desc, flags, me, world, epoch, seg, N, K, R,
+                            stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
+                            HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "push", FLATTEN, False, False,
+                            SUM_TMA)
                     else:
                         _reduce_scatter_segment_tiles(
                             start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_ptr,
-                            slots, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
-                            ACTIVATION, USE_TMA, W_NK, "sum", FLATTEN, False, False)
+                            slots, slots_desc, flags, me, world, epoch, seg, N, K, R,
+                            stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
+                            HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "sum", FLATTEN, False, False,
+                            SUM_TMA)
     elif world == 1:  # one tile a program, stored as the persistent loop above stores it
         _reduce_scatter_segment_tiles(
             tl.program_id(0), 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots,
-            flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
-            BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "store", False,
-            TMA_STORE, SUBTILE)
+            slots_desc, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
+            BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "store",
+            False, TMA_STORE, SUBTILE, SUM_TMA)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
-                                    x_desc, w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
-                                    counts_ptr, me, world, epoch, seg, N, K, R, stride_wk,
-                                    stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
-                                    HAS_BIAS, ACTIVATION, USE_TMA, W_NK, False)
+                                    x_desc, w_desc, bias_ptr, c_ptr, slots, slots_desc, flags,
+                                    partial_ptr, counts_ptr, me, world, epoch, seg, N, K, R,
+                                    stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                    BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, SUM_TMA,
+                                    False)
 
 
 @triton.jit
 def _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra, x_ptr, w_ptr,
-                                x_desc, w_desc, bias_ptr, c_ptr, slots, flags, partial_ptr,
-                                counts_ptr, me, world, epoch, seg, N, K, R, stride_wk,
-                                stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                                BATCHED: tl.constexpr, HAS_BIAS: tl.constexpr,
-                                ACTIVATION: tl.constexpr, USE_TMA: tl.constexpr,
-                                W_NK: tl.constexpr, SPLIT: tl.constexpr):
+                                x_desc, w_desc, bias_ptr, c_ptr, slots, slots_desc, flags,
+                                partial_ptr, counts_ptr, me, world, epoch, seg, N, K, R,
+                                stride_wk, stride_wn, BLOCK_M: tl.constexpr,
+                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
+                                HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                                USE_TMA: tl.constexpr, W_NK: tl.constexpr,
+                                SUM_TMA: tl.constexpr, SPLIT: tl.constexpr):
     """Output tile number ``tile`` of the own-segment-last order (``USE_TMA`` applies to
     unbatched rows); ``SPLIT``: only its K blocks ``k_first:k_last``, a stream-K share
     (pushed or summed by the program that completes the tile)."""
@@ -395,20 +411,20 @@ def _matmul_reduce_scatter_tile(tile, k_first, k_last, blocks, share, extra, x_p
                                   BLOCK_M, BLOCK_N, BLOCK_K, BATCHED, USE_TMA, W_NK)
     if SPLIT:  # a stream-K share: finished by the program that completes the tile
         if (k_first == 0) & (k_last == blocks):
-            _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
-                                   world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
-                                   HAS_BIAS, ACTIVATION)
+            _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, slots_desc, flags, segment,
+                                   local_m, pid_n, me, world, epoch, seg, N, tiles_m, tiles_n,
+                                   BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, SUM_TMA)
         elif stream_k_share(acc, partial_ptr, counts_ptr, tl.program_id(0), tile, k_first,
                             k_last, blocks, share, extra, BLOCK_M, BLOCK_N):
             total = stream_k_sum(partial_ptr, tile, blocks, share, extra, 0, BLOCK_M, BLOCK_M,
                                  BLOCK_N)
-            _reduce_scatter_finish(total, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n,
-                                   me, world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
-                                   HAS_BIAS, ACTIVATION)
+            _reduce_scatter_finish(total, bias_ptr, c_ptr, slots, slots_desc, flags, segment,
+                                   local_m, pid_n, me, world, epoch, seg, N, tiles_m, tiles_n,
+                                   BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, SUM_TMA)
     else:
-        _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
-                               world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M, BLOCK_N,
-                               HAS_BIAS, ACTIVATION)
+        _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, slots_desc, flags, segment, local_m,
+                               pid_n, me, world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M,
+                               BLOCK_N, HAS_BIAS, ACTIVATION, SUM_TMA)
 
 
 @triton.jit
@@ -435,14 +451,15 @@ def _reduce_scatter_product(segment, local_m, pid_n, k_start, k_end, x_ptr, w_pt
 
 @triton.jit
 def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
-                                  c_desc, slots, flags, me, world, epoch, seg, N, K, R,
-                                  stride_wk, stride_wn, BLOCK_M: tl.constexpr,
+                                  c_desc, slots, slots_desc, flags, me, world, epoch, seg, N,
+                                  K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
                                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                   GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
                                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                                   USE_TMA: tl.constexpr, W_NK: tl.constexpr,
                                   FINISH: tl.constexpr, FLATTEN: tl.constexpr,
-                                  TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr):
+                                  TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr,
+                                  SUM_TMA: tl.constexpr):
     """A persistent program's whole tiles ``start, start + programs, ...`` of the
     ``step``-th segment of the own-segment-last order, each finished as ``FINISH`` says:
     ``"push"`` to its owner (a peer's segment), ``"sum"`` with the peers' partials (the
@@ -467,10 +484,9 @@ def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bia
             push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n,
                       local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
         elif FINISH == "sum":  # the own segment (segment == me) of several ranks
-            keep_tile(acc, slots, me, seg, N, local_m, pid_n, BLOCK_M, BLOCK_N)
-            sum_tile(c_ptr, slots, flags, me, world, seg, N, local_m, pid_n,
-                     local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, bias_ptr, BLOCK_M,
-                     BLOCK_N, HAS_BIAS, ACTIVATION, WAITED=FLATTEN)
+            sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, seg, N, local_m,
+                         pid_n, local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, bias_ptr,
+                         BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, SUM_TMA, WAITED=FLATTEN)
         else:
             acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
             store_output(c_desc, c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N,
@@ -486,12 +502,13 @@ def _first_tile_from(first, lo):
 
 
 @triton.jit
-def _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m, pid_n, me,
-                           world, epoch, seg, N, tiles_m, tiles_n, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           ACTIVATION: tl.constexpr):
+def _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, slots_desc, flags, segment, local_m,
+                           pid_n, me, world, epoch, seg, N, tiles_m, tiles_n,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                           SUM_TMA: tl.constexpr):
     """A finished partial tile of ``segment``: pushed to its owner, or (the own segment)
-    kept and summed with the peers' partials."""
+    summed with the peers' partials (``tile_exchange.sum_own_tile``)."""
     local_tile = local_m * tiles_n + pid_n
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
@@ -500,6 +517,6 @@ def _reduce_scatter_finish(acc, bias_ptr, c_ptr, slots, flags, segment, local_m,
         push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n, local_tile,
                   tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
     else:
-        keep_tile(acc, slots, me, seg, N, local_m, pid_n, BLOCK_M, BLOCK_N)
-        sum_tile(c_ptr, slots, flags, me, world, seg, N, local_m, pid_n, local_tile,
-                 tiles_m * tiles_n, epoch, bias_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION)
+        sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, seg, N, local_m, pid_n,
+                     local_tile, tiles_m * tiles_n, epoch, bias_ptr, BLOCK_M, BLOCK_N, HAS_BIAS,
+                     ACTIVATION, SUM_TMA)

@@ -106,6 +106,50 @@ def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num
 
 
 @triton.jit
+def slots_descriptor(slots, world, rows, cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A tensor descriptor (TMA) of the slots as ``[num_ranks, rows, cols]``, moving one
+    rank's ``[BLOCK_M, BLOCK_N]`` tile (rows of 16 bytes' multiple; past the edges zeros):
+    made once per program, for :func:`sum_own_tile`."""
+    return tl.make_tensor_descriptor(slots, shape=[world, rows, cols],
+                                     strides=[rows * cols, cols, 1],
+                                     block_shape=[1, BLOCK_M, BLOCK_N])
+
+
+@triton.jit
+def sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols, pid_m, pid_n,
+                 tile, num_tiles, epoch, bias_ptr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                 SUM_TMA: tl.constexpr, WAITED: tl.constexpr = False):
+    """Stores into ``C`` the float32 sum of every rank's partial of the tile, this rank's
+    being ``acc``; the epilogue applies to the sum. ``WAITED``: the caller has already
+    acquired the peers' flags of the tile (:func:`wait_tile`).
+
+    ``SUM_TMA`` (``slots_desc`` from :func:`slots_descriptor`): ``acc``, rounded to the
+    slots' type as a pushed partial is, stays in registers and the peers' partials are
+    added to it in rank order, each read through the descriptor — no write and read-back
+    of this rank's partial, and no block of addresses beside the accumulator (read through
+    pointers, a whole tile's addresses spill a 128x128 float32 accumulator at 8 warps;
+    through the descriptor a 128x256 one fits: ``tests/test_cuda_compile.py``). This
+    rank's partial comes first, so the order depends on the rank: for tiles that one rank
+    alone sums (GEMM+RS's own segment). Otherwise :func:`keep_tile`, then
+    :func:`sum_tile` (rank order: the same bits on every rank)."""
+    if SUM_TMA:
+        if not WAITED:
+            wait_tile(flags, me, world, tile, num_tiles, epoch)
+        total = acc.to(slots.dtype.element_ty).to(tl.float32)
+        for src in range(0, world):
+            if src != me:
+                part = slots_desc.load([src, pid_m * BLOCK_M, pid_n * BLOCK_N])
+                total += part.reshape(BLOCK_M, BLOCK_N).to(tl.float32)
+        total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
+        store_tile(c_ptr, total, pid_m, pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
+    else:
+        keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
+        sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
+                 epoch, bias_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, WAITED=WAITED)
+
+
+@triton.jit
 def copy_sum_tile(c_ptr, slots, flags, owner, rows, cols, pid_m, pid_n, tile, num_tiles,
                   epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
     """Copies into ``C`` the sum of the tile that rank ``owner`` pushed into slot ``owner``

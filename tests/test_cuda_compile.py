@@ -259,3 +259,44 @@ def test_fused_kernels_read_nk_weights_through_tma(name):
                else {"stride_wk": 1, "stride_wn": k, "W_NK": True})
     ptx = ptx_of(kernel, pointers, {**kwargs, **strides, "USE_TMA": True})
     assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
+
+
+def _ptxas_usage(ptx: str) -> tuple[int, int]:
+    """``(registers a thread, bytes of spill stores)`` ptxas reports for the PTX (Triton's
+    own ptxas, for sm_90a)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", f.name,
+                                 "-o", "/dev/null"], capture_output=True, text=True,
+                                check=True).stderr
+    return (int(re.search(r"Used (\d+) registers", report).group(1)),
+            int(re.search(r"(\d+) bytes spill stores", report).group(1)))
+
+
+@pytest.mark.parametrize("block_n", [128, 256])
+def test_reduce_scatter_sums_own_tiles_in_registers_for_sm90(block_n):
+    """GEMM+RS's ``SUM_TMA`` form (an own tile's partial stays in registers, the peers'
+    are read through a 3-D descriptor of the slots) compiles for sm_90a without spills at
+    128x128 and 128x256 tiles, 8 warps, flattened and persistent, using fewer registers
+    than the form that keeps the partial in its slot and sums through pointers (which
+    spills at 128x256)."""
+    kernel, pointers, kwargs = CASES["matmul_reduce_scatter"]
+    form = dict(kwargs, PERSISTENT=True, USE_TMA=True, FLATTEN=True, BLOCK_N=block_n)
+    usage = {}
+    for sum_tma in (False, True):
+        signature, constexprs = signature_of(kernel, [("pointer", p) for p in pointers],
+                                             dict(form, SUM_TMA=sum_tma))
+        ptx = compile_kernel(kernel, signature, constexprs, num_warps=8,
+                             num_stages=3).asm["ptx"]
+        assert "ld.global.sys.acquire" in ptx and "wgmma.mma_async" in ptx
+        assert ("cp.async.bulk.tensor.3d.shared" in ptx) == sum_tma  # the peers' partials
+        usage[sum_tma] = _ptxas_usage(ptx)
+    assert usage[True][1] == 0
+    assert usage[True][0] < usage[False][0] or usage[False][1] > 0

@@ -205,7 +205,7 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
         {"seg": m, "N": n, "K": k, "R": m, "stride_wk": n},
         dict(_gemm_tiles(m, n, k, ranks, persistent), stride_wn=1, BATCHED=False,
              HAS_BIAS=False, ACTIVATION="none", W_NK=False, STREAM_K=False, FLATTEN=False,
-             TMA_STORE=False, SUBTILE=False),
+             TMA_STORE=False, SUBTILE=False, SUM_TMA=False),
         # a peer segment's tile is pushed once; the own segment's tile waits per rank;
         # keep_tile adds a barrier
         Expected(notifies=1, waits=ranks, barriers=1 + ranks + 1))

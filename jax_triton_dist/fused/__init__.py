@@ -141,9 +141,11 @@ def matmul_reduce_scatter(x: Any, w: Any, axis_name: Any, *, scatter_dimension: 
 
     Output tiles come segment by segment, the peers' segments first and the own segment
     last; each peer tile is pushed to its owner as soon as it is computed, and the own
-    segment's tiles sum every rank's partial (in float32, rank order; partials travel in
-    the output's type, see ``fused.launch.partial_dtype``) while others still
-    compute.
+    segment's tiles sum every rank's partial (in float32; partials travel in the output's
+    type, see ``fused.launch.partial_dtype``) while others still compute. Where the
+    output's rows are a multiple of 16 bytes the own partial is not written out: it stays
+    in registers and the peers' are added to it, in rank order after it (each output
+    element is summed by one rank, so the result is the same on every run).
 
     Args:
       x: per-rank ``[..., M, ..., K_local]``; the scattered dimension must divide by the

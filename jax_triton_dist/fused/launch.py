@@ -60,8 +60,9 @@ def partial_dtype(dtype) -> jnp.dtype:
     """The element type of the partial products GEMM+RS and GEMM+AR exchange: the output's
     (bfloat16 / float16: what an unfused ``dot`` + ``psum_scatter`` exchanges, half the
     bytes of float32), float32 for float32 outputs. Each rank's partial is rounded once
-    from its float32 accumulator; the partials are summed in float32 (rank order) and
-    rounded once more, where a bf16 collective would round at every step."""
+    from its float32 accumulator; the partials are summed in float32 (GEMM+AR: in rank
+    order; GEMM+RS: the owner's own first, then the peers' in rank order) and rounded once
+    more, where a bf16 collective would round at every step."""
     return jnp.dtype(jnp.float32) if jnp.dtype(dtype) == jnp.float32 else jnp.dtype(dtype)
 
 
@@ -172,7 +173,8 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
                                 *_stream_k_workspaces(meta, size * per_segment(meta))],
         grid=_grid(lambda meta: size * per_segment(meta)), axis_name=axes,
         axis_index_groups=groups, seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk,
-        stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk, **epilogue,
+        stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk,
+        SUM_TMA=n * partial_dtype(x.dtype).itemsize % 16 == 0, **epilogue,
     ).reshape(out_shape)
 
 
