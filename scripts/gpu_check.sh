@@ -20,6 +20,16 @@ TESTS=${GPU_CHECK_TESTS-tests/test_gpu.py tests/test_gpu_faults.py tests/test_gp
 # The autotuner's cache lives in $OUT (fetched with the results; a fresh machine has none).
 export JTD_AUTOTUNE_CACHE=${JTD_AUTOTUNE_CACHE:-$OUT/autotune.json}
 
+# Build-time packages the machine's image lacks travel as wheels in .whl/ (the device tool's
+# `carry`; seen 2026-12-07: no scikit-build-core, no pathspec). Fetch them here with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+#       scikit-build-core==1.1.2 pathspec==0.12.1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/jtd-site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/jtd-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__, jax.devices())"
