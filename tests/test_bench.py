@@ -103,9 +103,9 @@ def test_overlap_parts_report_as_each_ends(monkeypatch):
     failure keeps the earlier tables (the GPU run that lost its fused table)."""
     from jax_triton_dist.bench import overlap
 
-    monkeypatch.setattr(overlap, "fused", lambda worlds, iters: [{"bench": "fused"}])
+    monkeypatch.setattr(overlap, "fused", lambda worlds, iters, ops: [{"bench": "fused"}])
 
-    def broken(worlds):
+    def broken(worlds, ops):
         raise ValueError("timeline unreadable")
 
     monkeypatch.setattr(overlap, "waits", broken)
@@ -172,6 +172,20 @@ def test_overlap_fused_fails_only_failing_rows_and_stops_on_a_stuck_gpu(monkeypa
     monkeypatch.setattr(overlap, "_time", stuck)
     with pytest.raises(one_gpu.StuckError):
         overlap.fused([2], 1)
+
+
+def test_overlap_fused_part_runs_the_chosen_ops_only(monkeypatch):
+    """``--ops``: the fused part runs only the named ops (in the suite's order); an unknown
+    name is an error that lists the known ones."""
+    from jax_triton_dist.bench import overlap
+
+    monkeypatch.setattr(overlap, "_time", lambda job, world, programs, iters, num_warps=None: 1.0)
+    monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
+    rows = overlap.fused([2], 1, ("matmul_all_reduce", "all_gather_matmul"))
+    assert [r["op"] for r in rows] == ["all_gather_matmul"] + ["matmul_all_reduce"] * len(
+        overlap.FORMS["matmul_all_reduce"])
+    with pytest.raises(ValueError, match="unknown fused op.*'matmul_all_gather'.*expected"):
+        overlap.waits([2], ("matmul_all_gather",))
 
 
 def test_timeline_summary_skips_an_epoch_whose_events_were_dropped():

@@ -16,6 +16,7 @@ import sys
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     from jax_triton_dist.bench.overlap import DEFAULT_PARTS, PARTS
+    from jax_triton_dist.bench.overlap import SHAPES as OVERLAP_SHAPES
     from jax_triton_dist.bench.single_gpu import LAYOUTS
 
     parser = argparse.ArgumentParser(prog="python -m jax_triton_dist.bench")
@@ -64,6 +65,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     overlap.add_argument("--parts", nargs="+", default=list(DEFAULT_PARTS), choices=PARTS,
                          help="waits: the fused ops and their GEMMs timed from the inside "
                          "(intra-kernel timeline: spans, launch skew, program times, waits)")
+    overlap.add_argument("--ops", nargs="+", default=list(OVERLAP_SHAPES),
+                         choices=list(OVERLAP_SHAPES),
+                         help="the fused ops of the fused and waits parts (default: all)")
     overlap.add_argument("--json", default="bench_overlap.json", help="output JSON path")
     att = sub.add_parser("attention", help="sequence-parallel attention and flash-decode at "
                          "world size 1 vs jax.nn.dot_product_attention (XLA, cuDNN)")
@@ -127,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
             timing.print_parts(new, overlap.COLUMNS)
             timing.write_json(args.json, "overlap", rows)
 
-        overlap.run(args.ranks, args.iters, args.sizes, tuple(args.parts), done=part_done)
+        overlap.run(args.ranks, args.iters, args.sizes, tuple(args.parts), done=part_done,
+                    ops=tuple(args.ops))
         return
 
     if args.suite == "attention":

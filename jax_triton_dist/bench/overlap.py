@@ -176,12 +176,14 @@ def _time(job: dict[str, Any], world: int, programs: int, iters: int,
     return statistics.median(seconds)
 
 
-def fused(worlds: list[int], iters: int) -> list[dict[str, Any]]:
-    """Each fused op vs the local GEMMs alone, at each rank count; each row printed as it
-    ends. A row whose run fails carries the reason (under ``error``) and the others still
-    run, unless the GPU is stuck (``one_gpu.StuckError``: nothing more can run on it)."""
+def fused(worlds: list[int], iters: int, ops: tuple[str, ...] = tuple(SHAPES)
+          ) -> list[dict[str, Any]]:
+    """Each fused op of ``ops`` vs the local GEMMs alone, at each rank count; each row
+    printed as it ends. A row whose run fails carries the reason (under ``error``) and the
+    others still run, unless the GPU is stuck (``one_gpu.StuckError``: nothing more can
+    run on it)."""
     rows = []
-    for op, (m, n, k) in SHAPES.items():
+    for op, (m, n, k) in _chosen(ops):
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
             gemm = _attempt(_gemm_times, op, world, programs, iters)
@@ -352,12 +354,12 @@ def _timeline_of(job: dict[str, Any], world: int, programs: int, num_warps: int
                          f"{recording.dropped} events dropped") from None
 
 
-def waits(worlds: list[int]) -> list[dict[str, Any]]:
-    """Each fused op and its GEMM alone (fixed tiles) at each rank count, timed from the
-    inside (:func:`timeline_summary`). A timeline that cannot be read fails its rows (with
-    the reason, under ``error``), not the others."""
+def waits(worlds: list[int], ops: tuple[str, ...] = tuple(SHAPES)) -> list[dict[str, Any]]:
+    """Each fused op of ``ops`` and its GEMM alone (fixed tiles) at each rank count, timed
+    from the inside (:func:`timeline_summary`). A timeline that cannot be read fails its
+    rows (with the reason, under ``error``), not the others."""
     rows = []
-    for op, (m, n, k) in SHAPES.items():
+    for op, (m, n, k) in _chosen(ops):
         for world in worlds:
             programs = max(1, tiles.fill_programs() // world)
             gemm_read = _read_timeline(_gemm_job(op), world, programs, WARPS[op])
@@ -387,19 +389,30 @@ def _read_timeline(job: dict[str, Any], world: int, programs: int, num_warps: in
     return _attempt(_timeline_of, job, world, programs, num_warps)
 
 
+def _chosen(ops: tuple[str, ...]) -> list[tuple[str, tuple[int, int, int]]]:
+    """``(op, shape)`` of each of ``ops`` in :data:`SHAPES`' order; an unknown op is an
+    error naming the known ones."""
+    unknown = [op for op in ops if op not in SHAPES]
+    if unknown:
+        raise ValueError(f"unknown fused op(s) {unknown}; expected some of {list(SHAPES)}")
+    return [(op, shape) for op, shape in SHAPES.items() if op in ops]
+
+
 PARTS = ("fused", "collectives", "waits")
 DEFAULT_PARTS = ("fused", "collectives")
 
 
 def run(worlds: list[int], iters: int, sizes: list[int],
         parts: tuple[str, ...] = DEFAULT_PARTS,
-        done: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+        done: Callable[[list[dict[str, Any]]], None] | None = None,
+        ops: tuple[str, ...] = tuple(SHAPES)) -> list[dict[str, Any]]:
     """The chosen parts (:data:`PARTS`; by default :data:`DEFAULT_PARTS`), in that order;
-    needs a GPU. ``done(rows)``: called after each part with its rows (a later part's
-    failure then keeps the earlier parts' results)."""
-    runs = {"fused": lambda: fused(worlds, iters),
+    needs a GPU. ``ops``: the fused ops the fused and waits parts run (by default every
+    one of :data:`SHAPES`). ``done(rows)``: called after each part with its rows (a later
+    part's failure then keeps the earlier parts' results)."""
+    runs = {"fused": lambda: fused(worlds, iters, ops),
             "collectives": lambda: collectives(worlds, sizes, iters),
-            "waits": lambda: waits(worlds)}
+            "waits": lambda: waits(worlds, ops)}
     rows = []
     for part in (p for p in PARTS if p in parts):
         new = runs[part]()
