@@ -20,8 +20,8 @@ from jax_triton_dist.kernels.gemm import (
     weight_descriptor,
 )
 from jax_triton_dist.kernels.tile_exchange import (
+    broadcast_tile,
     copy_sum_tile,
-    forward_tile,
     keep_tile,
     push_tile,
     sum_tile,
@@ -206,13 +206,11 @@ def _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, 
             push_tile(acc, slots, flags, owner, me, M, N, pid_m, pid_n, tile, num_tiles, epoch,
                       BLOCK_M, BLOCK_N)
     else:
-        # ---- keep it in the own slot, copy it from there into slot `me` of every other
-        # rank and raise flag (me, tile) there; then sum every rank's partial of this tile
-        # in rank order (the same bits on every rank) and store ----
-        keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
-        for i in range(1, world):
-            forward_tile(slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
-                         num_tiles, epoch, BLOCK_M, BLOCK_N)
+        # ---- store it into slot `me` of every rank and raise flag (me, tile) at the
+        # others; then sum every rank's partial of this tile in rank order (the same bits
+        # on every rank) and store ----
+        broadcast_tile(acc, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles,
+                       epoch, BLOCK_M, BLOCK_N)
         sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
                  c_ptr, BLOCK_M, BLOCK_N, False, "none")
 

@@ -40,14 +40,25 @@ def keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def forward_tile(slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_tiles, epoch,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
-    """Copies this rank's kept partial of the tile (:func:`keep_tile`) into slot ``me`` of
-    rank ``peer``, ``BLOCK_M / SPLIT`` rows at a time, then raises flag ``(me, tile)``
-    there. Holds no accumulator: for pushing one tile to many peers."""
-    _copy_tile(dl.symm_at(slots, peer) + me * rows * cols, slots + me * rows * cols, rows, cols,
-               pid_m, pid_n, BLOCK_M, BLOCK_N, SPLIT)
-    dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
+def broadcast_tile(acc, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
+                   epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
+    """Stores ``acc`` (this rank's partial of the tile) into slot ``me`` of this rank
+    (:func:`keep_tile`) and of every other rank, then raises flag ``(me, tile)`` at every
+    peer. The peers' copies go ``BLOCK_M / SPLIT`` rows at a time, each block read back
+    once and stored to every peer (no accumulator-sized block of addresses held: stores
+    from the accumulator itself spill it), and all the stores come before the first
+    release, so its fence drains them all."""
+    keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
+    SUB: tl.constexpr = BLOCK_M // SPLIT
+    own = slots + me * rows * cols
+    for part in range(0, SPLIT):
+        sub_m = pid_m * SPLIT + part
+        block = load_tile(own, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
+        for i in range(1, world):
+            store_tile(dl.symm_at(own, (me + i) % world), block, sub_m, pid_n, rows, cols, cols,
+                       1, SUB, BLOCK_N)
+    for i in range(1, world):
+        dl.notify(flags + me * num_tiles + tile, (me + i) % world, epoch, "set", "sys")
 
 
 @triton.jit
