@@ -139,8 +139,8 @@ def sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols, pi
     slots' type as a pushed partial is, stays in registers and the peers' partials are
     added to it in rank order, each read through the descriptor — no write and read-back
     of this rank's partial, and no block of addresses beside the accumulator (read through
-    pointers, a whole tile's addresses spill a 128x128 float32 accumulator at 8 warps;
-    through the descriptor a 128x256 one fits: ``tests/test_cuda_compile.py``). This
+    pointers, a whole 128x256 tile's addresses spill the float32 accumulator at 8 warps,
+    ptxas for sm_90a; through the descriptor it fits: ``tests/test_cuda_compile.py``). This
     rank's partial comes first, so the order depends on the rank: for tiles that one rank
     alone sums (GEMM+RS's own segment). Otherwise :func:`keep_tile`, then
     :func:`sum_tile` (rank order: the same bits on every rank)."""

@@ -283,20 +283,22 @@ def _ptxas_usage(ptx: str) -> tuple[int, int]:
 @pytest.mark.parametrize("block_n", [128, 256])
 def test_reduce_scatter_sums_own_tiles_in_registers_for_sm90(block_n):
     """GEMM+RS's ``SUM_TMA`` form (an own tile's partial stays in registers, the peers'
-    are read through a 3-D descriptor of the slots) compiles for sm_90a without spills at
-    128x128 and 128x256 tiles, 8 warps, flattened and persistent, using fewer registers
-    than the form that keeps the partial in its slot and sums through pointers (which
-    spills at 128x256)."""
+    are read through a 3-D descriptor of the slots) compiles for sm_90a, with the hints the
+    runtime gives (``divisibility``), without spills at 128x128 and 128x256 tiles, 8 warps,
+    persistent, flattened or not; the other form has no bulk tensor loads of partials."""
+    from jax_triton_dist.runtime.cuda_compile import divisibility
+
     kernel, pointers, kwargs = CASES["matmul_reduce_scatter"]
-    form = dict(kwargs, PERSISTENT=True, USE_TMA=True, FLATTEN=True, BLOCK_N=block_n)
-    usage = {}
-    for sum_tma in (False, True):
-        signature, constexprs = signature_of(kernel, [("pointer", p) for p in pointers],
-                                             dict(form, SUM_TMA=sum_tma))
-        ptx = compile_kernel(kernel, signature, constexprs, num_warps=8,
-                             num_stages=3).asm["ptx"]
-        assert "ld.global.sys.acquire" in ptx and "wgmma.mma_async" in ptx
-        assert ("cp.async.bulk.tensor.3d.shared" in ptx) == sum_tma  # the peers' partials
-        usage[sum_tma] = _ptxas_usage(ptx)
-    assert usage[True][1] == 0
-    assert usage[True][0] < usage[False][0] or usage[False][1] > 0
+    positional = [("pointer", p) for p in pointers]
+    for flatten in (False, True):
+        for sum_tma in (False, True):
+            form = dict(kwargs, PERSISTENT=True, USE_TMA=True, FLATTEN=flatten,
+                        BLOCK_N=block_n, SUM_TMA=sum_tma)
+            signature, constexprs = signature_of(kernel, positional, form)
+            ptx = compile_kernel(kernel, signature, constexprs,
+                                 attrs=divisibility(signature, positional, form), num_warps=8,
+                                 num_stages=3).asm["ptx"]
+            assert "ld.global.sys.acquire" in ptx and "wgmma.mma_async" in ptx
+            assert ("cp.async.bulk.tensor.3d.shared" in ptx) == sum_tma  # the peers' partials
+            if sum_tma:
+                assert _ptxas_usage(ptx)[1] == 0
