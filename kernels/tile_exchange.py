@@ -45,9 +45,10 @@ def broadcast_tile(acc, slots, flags, me, world, rows, cols, pid_m, pid_n, tile,
     """Stores ``acc`` (this rank's partial of the tile) into slot ``me`` of this rank
     (:func:`keep_tile`) and of every other rank, then raises flag ``(me, tile)`` at every
     peer. The peers' copies go ``BLOCK_M / SPLIT`` rows at a time, each block read back
-    once and stored to every peer (no accumulator-sized block of addresses held: stores
-    from the accumulator itself spill it), and all the stores come before the first
-    release, so its fence drains them all."""
+    once and stored to every peer (no accumulator-sized block of addresses held beside the
+    accumulator: storing it to the peers straight from registers takes more registers and
+    spills at 128x256, 8 warps — ptxas for sm_90a), and all the stores come before the
+    first release, so its fence drains them all."""
     keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
     SUB: tl.constexpr = BLOCK_M // SPLIT
     own = slots + me * rows * cols
