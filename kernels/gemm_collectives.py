@@ -287,7 +287,8 @@ def matmul_reduce_scatter_kernel(
     this rank's own last. A peer segment's partial tile is pushed (in the slots' type) into
     its owner's slot as soon as it is computed; the own segment's tiles then sum every
     rank's partial in float32. Only the last programs wait, and only for other ranks'
-    earlier tiles. ``SUM_TMA`` (the slots' rows a multiple of 16 bytes): an own tile's
+    earlier tiles. ``SUM_TMA`` (several ranks, the slots' rows a multiple of 16 bytes;
+    one rank's tiles have nothing to sum, so no slots' descriptor is made): an own tile's
     partial stays in registers and the peers' are added to it in rank order, read through a
     descriptor of the slots (``tile_exchange.sum_own_tile``); otherwise it is written to its
     slot and every rank's is summed in rank order.

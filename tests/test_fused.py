@@ -216,6 +216,27 @@ def test_matmul_reduce_scatter(ranks, dtype):
     check_mmrs(mesh_1d(ranks), "x", m=3, k_local=20, n=36, dtype=dtype, seed=ranks + 40)
 
 
+def test_matmul_reduce_scatter_sums_own_tiles_through_the_slots_descriptor(monkeypatch):
+    """GEMM+RS reads the peers' partials through a descriptor of the slots (``SUM_TMA``)
+    only where there are peers and the slots' rows are 16-byte multiples; right results
+    both ways."""
+    from jax_triton_dist.fused import launch
+
+    chosen = []
+    real = launch.triton_call
+
+    def spy(*args, **kwargs):
+        chosen.append(kwargs["SUM_TMA"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "triton_call", spy)
+    for ranks, n, dtype in ((1, 32, jnp.float32), (2, 32, jnp.bfloat16), (2, 36, jnp.float32),
+                            (2, 36, jnp.bfloat16)):
+        check_mmrs(mesh_1d(ranks), "x", m=4, k_local=16, n=n, dtype=dtype, seed=n + ranks)
+    # 32 bf16 = 64 bytes, 36 float32 = 144 bytes: 16-byte rows; 36 bf16 = 72 bytes: not
+    assert chosen == [False, True, True, False]
+
+
 @pytest.mark.parametrize("axis", ["dp", "tp"])
 def test_agmm_and_mmrs_on_2x4_mesh(axis):
     mesh = Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("dp", "tp"))

@@ -174,7 +174,7 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
         grid=_grid(lambda meta: size * per_segment(meta)), axis_name=axes,
         axis_index_groups=groups, seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk,
         stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk,
-        SUM_TMA=n * partial_dtype(x.dtype).itemsize % 16 == 0, **epilogue,
+        SUM_TMA=size > 1 and n * partial_dtype(x.dtype).itemsize % 16 == 0, **epilogue,
     ).reshape(out_shape)
 
 
