@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
-from jax_triton_dist.kernels.exchange import epoch_half
+from jax_triton_dist.kernels.exchange import epoch_half, notify_peers
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -149,8 +149,7 @@ def sequence_parallel_attention_kernel(
     epoch = dl.epoch()
     flags = epoch_half(flags_ptr, epoch, world)
     if pid == 0:
-        for i in range(1, world):
-            dl.notify(flags + me, (me + i) % world, epoch, "set", "sys")
+        notify_peers(flags + me, me, world, epoch)
 
     blocks_m = tl.cdiv(S, BLOCK_M)
     bh = pid // blocks_m

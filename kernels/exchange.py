@@ -24,6 +24,14 @@ def epoch_half(ptr, epoch, half_size):
 
 
 @triton.jit
+def notify_peers(flag, me, world, epoch):
+    """Raises ``flag`` (this rank's entry of a symmetric flag array) to ``epoch`` on every
+    other rank, ``me + 1`` first, each a system-scope release."""
+    for i in range(1, world):
+        dl.notify(flag, (me + i) % world, epoch, "set", "sys")
+
+
+@triton.jit
 def combine(acc, values, REDUCE: tl.constexpr):
     """``acc (+|max|min) values`` for ``REDUCE`` = ``"sum"``, ``"max"``, ``"min"``."""
     if REDUCE == "sum":

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
-from jax_triton_dist.kernels.exchange import epoch_half
+from jax_triton_dist.kernels.exchange import epoch_half, notify_peers
 from jax_triton_dist.kernels.gemm import (
     k_columns,
     matmul_tile,
@@ -20,11 +20,12 @@ from jax_triton_dist.kernels.gemm import (
     weight_descriptor,
 )
 from jax_triton_dist.kernels.tile_exchange import (
-    broadcast_tile,
     copy_sum_tile,
+    forward_tile,
     keep_tile,
     push_tile,
     sum_tile,
+    wait_tile,
 )
 from jax_triton_dist.swizzle import grouped_tile
 
@@ -64,7 +65,9 @@ def matmul_all_reduce_kernel(
     never wait and the sums wait only on partials, so the waits cannot form a cycle.
 
     One program per tile, or (``PERSISTENT``) fewer programs, all resident at once, each
-    looping over tiles ``program, program + programs, ...``. ``STREAM_K`` (with
+    looping over tiles ``program, program + programs, ...``; in the one-shot exchange
+    without ``STREAM_K`` a program sends all its partials first and raises one flag per
+    peer, then sums its tiles (``_one_shot_program_tiles``). ``STREAM_K`` (with
     ``PERSISTENT``): the tiles that would form a partial last wave (at decode shapes, all
     of them) are shared out by K blocks first; the program that completes a tile's
     partial exchanges it. With one rank (nothing to exchange) the whole tiles are one
@@ -109,6 +112,10 @@ def matmul_all_reduce_kernel(
         _one_rank_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, M, N, K, stride_am,
                         stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
                         USE_TMA, B_NK, FLATTEN, TMA_STORE, SUBTILE)
+    elif PERSISTENT and not STREAM_K and not TWO_SHOT:
+        _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
+                                world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
+                                stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK)
     elif PERSISTENT:
         for tile in range(first, tiles_m * tiles_n, tl.num_programs(0)):
             _matmul_all_reduce_tile(tile, 0, blocks, blocks, 0, 0, a_ptr, b_ptr, a_desc,
@@ -125,6 +132,43 @@ def matmul_all_reduce_kernel(
     if TWO_SHOT:
         _copy_sums(c_ptr, slots, flags, tl.program_id(0), tl.num_programs(0), me, world,
                    epoch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+
+
+@triton.jit
+def _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
+                            world, epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                            USE_TMA: tl.constexpr, B_NK: tl.constexpr):
+    """A persistent program's whole tiles ``first, first + programs, ...`` in the one-shot
+    exchange, several ranks: every partial kept and copied to every peer first, then one
+    flag ``(me, program)`` raised at each peer (one system-scope release per peer instead
+    of one per tile and peer: each release's fence stalls the program, BENCHMARKS.md),
+    then — once every peer's flag ``(src, program)`` has landed — the tiles summed in rank
+    order. Program ``p`` of every rank computes the same tiles (the same grid over the same
+    order), so its flag covers exactly the partials this program sums."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_m * tiles_n
+    if first < num_tiles:
+        for tile in range(first, num_tiles, tl.num_programs(0)):
+            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            if USE_TMA:
+                acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
+                                      BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
+            else:
+                acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am, stride_ak,
+                                  stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+            keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
+            for i in range(1, world):
+                forward_tile(slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
+                             num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
+        notify_peers(flags + me * num_tiles + first, me, world, epoch)
+        wait_tile(flags, me, world, first, num_tiles, epoch)
+        for tile in range(first, num_tiles, tl.num_programs(0)):
+            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
+                     c_ptr, BLOCK_M, BLOCK_N, False, "none", WAITED=True)
 
 
 @triton.jit
@@ -206,11 +250,13 @@ def _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, 
             push_tile(acc, slots, flags, owner, me, M, N, pid_m, pid_n, tile, num_tiles, epoch,
                       BLOCK_M, BLOCK_N)
     else:
-        # ---- store it into slot `me` of every rank and raise flag (me, tile) at the
-        # others; then sum every rank's partial of this tile in rank order (the same bits
-        # on every rank) and store ----
-        broadcast_tile(acc, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles,
-                       epoch, BLOCK_M, BLOCK_N)
+        # ---- keep it in the own slot, copy it from there into slot `me` of every other
+        # rank and raise flag (me, tile) there; then sum every rank's partial of this tile
+        # in rank order (the same bits on every rank) and store ----
+        keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
+        for i in range(1, world):
+            forward_tile(slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
+                         num_tiles, epoch, BLOCK_M, BLOCK_N)
         sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
                  c_ptr, BLOCK_M, BLOCK_N, False, "none")
 

@@ -10,7 +10,7 @@ import triton.language as tl
 
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.epilogue import apply_epilogue
-from jax_triton_dist.kernels.exchange import epoch_half
+from jax_triton_dist.kernels.exchange import epoch_half, notify_peers
 from jax_triton_dist.kernels.gemm import (
     k_columns,
     matmul_rows_tile,
@@ -88,8 +88,7 @@ def all_gather_matmul_kernel(
     epoch = dl.epoch()
     flags = epoch_half(flags_ptr, epoch, world)
     if tl.program_id(0) == 0:
-        for i in range(1, world):
-            dl.notify(flags + me, (me + i) % world, epoch, "set", "sys")
+        notify_peers(flags + me, me, world, epoch)
     w_desc = w_ptr  # USE_TMA: the weights' descriptor, made once per program
     if USE_TMA:
         w_desc = weight_descriptor(w_ptr, K, N, stride_wk, stride_wn, BLOCK_K, BLOCK_N, W_NK)
@@ -295,14 +294,17 @@ def matmul_reduce_scatter_kernel(
 
     ``PERSISTENT``: a grid of fewer programs than tiles (all resident at once), each
     looping over tiles ``program, program + programs, ...`` of that order (each program's
-    pushes all come before its waits). ``STREAM_K`` (with ``PERSISTENT``): the first tiles
+    pushes all come before its waits); without ``STREAM_K`` a program raises one flag per
+    peer, after its last push, instead of one per tile (``_reduce_scatter_tiles``).
+    ``STREAM_K`` (with ``PERSISTENT``): the first tiles
     of that order that would form a partial last wave are shared out by K blocks first,
     then the rest go whole (a program's work still runs in the order, so its pushes still
-    come before its waits). ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): each
-    segment's tile loop and K loop are pipelined as one, as the GEMM tile's ``FLATTEN``
-    form: the peers' segments (their loops only push), the own segment (its program
-    acquires every flag of its tiles first, so that its loop of sums holds no spin loop:
-    Triton 3.6's loop fusion fails on one) and one rank's tiles (no exchange). ``TMA_STORE`` (with
+    come before its waits). ``FLATTEN`` (with ``PERSISTENT`` and ``USE_TMA``): the tile
+    loops and K loop are pipelined as one, as the GEMM tile's ``FLATTEN`` form: the peers'
+    segments' loop (pushes only; with ``STREAM_K`` its per-tile releases keep it from
+    being pipelined), the own segment's (its program acquires every flag of its tiles
+    first, so that its loop of sums holds no spin loop: Triton 3.6's loop fusion fails on
+    one) and one rank's tiles (no exchange). ``TMA_STORE`` (with
     ``USE_TMA``, unbatched; ``SUBTILE``: in halves): one rank's tiles go out through a
     descriptor of C, as the GEMM tile's; with more ranks it changes nothing (the owners'
     sums are stored as they are summed).
@@ -346,38 +348,37 @@ def matmul_reduce_scatter_kernel(
                                             SUM_TMA, True)
                 block += k_last - k_first
             first += split
-        # Whole tiles first, first + programs, ... of the order, segment by segment: the
-        # peers' (pushes only), then the own one (sums; with FLATTEN its waits all come
-        # first). One rank (folded where the rank count is compiled in): one loop of stores.
+        # Whole tiles first, first + programs, ... of the order: the peers' segments in one
+        # loop (pushes only), then their flags, then the own segment (sums; with FLATTEN its
+        # waits all come first). One rank (folded where the rank count is compiled in): one
+        # loop of stores.
+        whole = world * tiles_per_segment
         if world == 1:  # nothing to exchange: the GEMM's tile loop, stores only
-            _reduce_scatter_segment_tiles(
-                first, 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots,
+            _reduce_scatter_tiles(
+                first, whole, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots,
                 slots_desc, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
                 W_NK, "store", FLATTEN, TMA_STORE, SUBTILE, SUM_TMA)
         else:
-            for step in range(0, world):
-                start = _first_tile_from(first, step * tiles_per_segment)
-                if start < (step + 1) * tiles_per_segment:
-                    if step < world - 1:
-                        _reduce_scatter_segment_tiles(
-                            start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_ptr,
-                            slots, slots_desc, flags, me, world, epoch, seg, N, K, R,
-                            stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
-                            HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "push", FLATTEN, False, False,
-                            SUM_TMA)
-                    else:
-                        _reduce_scatter_segment_tiles(
-                            start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_ptr,
-                            slots, slots_desc, flags, me, world, epoch, seg, N, K, R,
-                            stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED,
-                            HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "sum", FLATTEN, False, False,
-                            SUM_TMA)
+            own = whole - tiles_per_segment
+            _reduce_scatter_tiles(
+                first, own, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_ptr, slots,
+                slots_desc, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA,
+                W_NK, "push", FLATTEN, False, False, SUM_TMA, not STREAM_K)
+            if not STREAM_K:
+                _notify_owners(first, flags, me, world, epoch, tiles_per_segment)
+            _reduce_scatter_tiles(
+                _first_tile_from(first, own), whole, x_ptr, w_ptr, x_desc, w_desc, bias_ptr,
+                c_ptr, c_ptr, slots, slots_desc, flags, me, world, epoch, seg, N, K, R,
+                stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS,
+                ACTIVATION, USE_TMA, W_NK, "sum", FLATTEN, False, False, SUM_TMA, not STREAM_K)
     elif world == 1:  # one tile a program, stored as the persistent loop above stores it
-        _reduce_scatter_segment_tiles(
-            tl.program_id(0), 0, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc, slots,
-            slots_desc, flags, me, world, epoch, seg, N, K, R, stride_wk, stride_wn, BLOCK_M,
-            BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION, USE_TMA, W_NK, "store",
+        _reduce_scatter_tiles(
+            tl.program_id(0), tiles_per_segment, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
+            c_desc, slots, slots_desc, flags, me, world, epoch, seg, N, K, R, stride_wk,
+            stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
+            USE_TMA, W_NK, "store",
             False, TMA_STORE, SUBTILE, SUM_TMA)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
@@ -451,47 +452,91 @@ def _reduce_scatter_product(segment, local_m, pid_n, k_start, k_end, x_ptr, w_pt
 
 
 @triton.jit
-def _reduce_scatter_segment_tiles(start, step, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
-                                  c_desc, slots, slots_desc, flags, me, world, epoch, seg, N,
-                                  K, R, stride_wk, stride_wn, BLOCK_M: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                  GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
-                                  HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                                  USE_TMA: tl.constexpr, W_NK: tl.constexpr,
-                                  FINISH: tl.constexpr, FLATTEN: tl.constexpr,
-                                  TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr,
-                                  SUM_TMA: tl.constexpr):
-    """A persistent program's whole tiles ``start, start + programs, ...`` of the
-    ``step``-th segment of the own-segment-last order, each finished as ``FINISH`` says:
-    ``"push"`` to its owner (a peer's segment), ``"sum"`` with the peers' partials (the
-    own segment, the last step), or ``"store"`` (one rank: the product is the result,
-    stored through ``c_desc``, C's :func:`output_descriptor`, with ``TMA_STORE``).
-    ``FLATTEN``: the tile and K loops pipelined as one; the sums' flags all acquired
-    before that loop (a spin loop inside it would stop the loop fusion)."""
+def _reduce_scatter_tiles(start, end, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr, c_desc,
+                          slots, slots_desc, flags, me, world, epoch, seg, N, K, R, stride_wk,
+                          stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, BATCHED: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                          USE_TMA: tl.constexpr, W_NK: tl.constexpr, FINISH: tl.constexpr,
+                          FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
+                          SUBTILE: tl.constexpr, SUM_TMA: tl.constexpr,
+                          PROGRAM_FLAGS: tl.constexpr = False):
+    """A persistent program's whole tiles ``start, start + programs, ...`` below ``end`` of
+    the own-segment-last order, each finished as ``FINISH`` says: ``"push"`` to its owner
+    (the peers' segments: one loop over all of them, so one set of pipeline buffers serves
+    them), ``"sum"`` with the peers' partials (the own segment, the last), or ``"store"``
+    (one rank: the product is the result, stored through ``c_desc``, C's
+    :func:`output_descriptor`, with ``TMA_STORE``). ``FLATTEN``: the tile and K loops
+    pipelined as one; the sums' flags all acquired before that loop (a spin loop inside it
+    would stop the loop fusion).
+
+    Flags: one per pushed tile (flag ``(src, tile)``, the tile's row-major index, raised
+    after its push), or (``PROGRAM_FLAGS``) one per program and peer, raised by
+    :func:`_notify_owners` after the program's last push — a release inside the push loop
+    keeps Triton 3.6 from pipelining it, and each system-scope release stalls the program
+    (on one H100 with 8 ranks, flags raised per tile cost GEMM+RS 10% of its time in the
+    pointer form and the flattened descriptor form its pipelining: BENCHMARKS.md,
+    ``scripts/rs_ablation.py``). The owner's tile at position ``q`` of its segment's order
+    then waits for flag ``(src, q mod programs)`` of each peer (:func:`_flag_index`)."""
     tiles_m = tl.cdiv(seg, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    segment = (me + 1 + step) % world
-    first = step * tiles_m * tiles_n
+    num_tiles = tiles_m * tiles_n
+    programs = tl.num_programs(0)
     if FLATTEN and FINISH == "sum":  # every wait first: the loop below holds no spin loop
-        for tile in range(start, first + tiles_m * tiles_n, tl.num_programs(0)):
-            local_m, pid_n = grouped_tile(tile - first, tiles_m, tiles_n, GROUP_M)
-            wait_tile(flags, me, world, local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch)
-    for tile in tl.range(start, first + tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
-        local_m, pid_n = grouped_tile(tile - first, tiles_m, tiles_n, GROUP_M)
+        for tile in range(start, end, programs):
+            wait_tile(flags, me, world, _flag_index(tile % num_tiles, tiles_m, tiles_n,
+                                                    programs, GROUP_M, PROGRAM_FLAGS),
+                      num_tiles, epoch)
+    for tile in tl.range(start, end, programs, flatten=FLATTEN):
+        q = tile % num_tiles  # position in its segment's order
+        segment = (me + 1 + tile // num_tiles) % world
+        local_m, pid_n = grouped_tile(q, tiles_m, tiles_n, GROUP_M)
         acc = _reduce_scatter_product(segment, local_m, pid_n, 0, K, x_ptr, w_ptr, x_desc,
                                       w_desc, world, seg, N, K, R, stride_wk, stride_wn,
                                       BLOCK_M, BLOCK_N, BLOCK_K, BATCHED, USE_TMA, W_NK)
         if FINISH == "push":
             push_tile(acc, slots, flags, segment, me, seg, N, local_m, pid_n,
-                      local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, BLOCK_M, BLOCK_N)
+                      local_m * tiles_n + pid_n, num_tiles, epoch, BLOCK_M, BLOCK_N,
+                      NOTIFY=not PROGRAM_FLAGS)
         elif FINISH == "sum":  # the own segment (segment == me) of several ranks
             sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, seg, N, local_m,
-                         pid_n, local_m * tiles_n + pid_n, tiles_m * tiles_n, epoch, bias_ptr,
-                         BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, SUM_TMA, WAITED=FLATTEN)
+                         pid_n, _flag_index(q, tiles_m, tiles_n, programs, GROUP_M,
+                                            PROGRAM_FLAGS),
+                         num_tiles, epoch, bias_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION,
+                         SUM_TMA, WAITED=FLATTEN)
         else:
             acc = apply_epilogue(acc, bias_ptr, pid_n, N, BLOCK_N, HAS_BIAS, ACTIVATION)
             store_output(c_desc, c_ptr, acc, local_m, pid_n, seg, N, N, 1, BLOCK_M, BLOCK_N,
                          TMA_STORE, SUBTILE)
+
+
+@triton.jit
+def _notify_owners(first, flags, me, world, epoch, num_tiles):
+    """Raises, at each peer whose segment a persistent program (tiles ``first, first +
+    programs, ...``) pushed tiles of, flag ``(me, q)``, ``q`` the position of the
+    program's first tile of that segment in the segment's order — after all its pushes,
+    which the first release drains. A program's tiles of a segment sit at positions
+    ``q, q + programs, ...`` on every rank alike (every rank runs the same grid over the
+    same order), so the owner finds the flag of any of them at ``position mod programs``
+    (:func:`_flag_index`)."""
+    for step in range(0, world - 1):
+        start = _first_tile_from(first, step * num_tiles)
+        if start < (step + 1) * num_tiles:
+            dl.notify(flags + me * num_tiles + start - step * num_tiles,
+                      (me + 1 + step) % world, epoch, "set", "sys")
+
+
+@triton.jit
+def _flag_index(q, tiles_m, tiles_n, programs, GROUP_M: tl.constexpr,
+                PROGRAM_FLAGS: tl.constexpr):
+    """The flag that covers the tile at position ``q`` of a segment's tile order: the
+    pushing program's (``PROGRAM_FLAGS``: ``q mod programs``, see
+    :func:`_notify_owners`), else the tile's own (its row-major index)."""
+    index = q % programs
+    if not PROGRAM_FLAGS:
+        local_m, pid_n = grouped_tile(q, tiles_m, tiles_n, GROUP_M)
+        index = local_m * tiles_n + pid_n
+    return index
 
 
 @triton.jit

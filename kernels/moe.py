@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 import jax_triton_dist.language as dl
-from jax_triton_dist.kernels.exchange import epoch_half
+from jax_triton_dist.kernels.exchange import epoch_half, notify_peers
 
 
 @triton.jit
@@ -24,8 +24,7 @@ def announce_and_wait(flags_ptr, me, world, epoch):
     (acquire) for every other rank's flag, which orders its later loads of their buffers."""
     flags = epoch_half(flags_ptr, epoch, world)
     if tl.program_id(0) == 0:
-        for i in range(1, world):
-            dl.notify(flags + me, (me + i) % world, epoch, "set", "sys")
+        notify_peers(flags + me, me, world, epoch)
     for i in range(1, world):
         dl.wait(flags + (me + i) % world, 1, "sys", "acquire", epoch)
 

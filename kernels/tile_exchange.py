@@ -16,17 +16,20 @@ import triton.language as tl
 
 import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.epilogue import apply_epilogue
+from jax_triton_dist.kernels.exchange import notify_peers
 from jax_triton_dist.kernels.gemm import load_tile, store_tile
 
 
 @triton.jit
 def push_tile(acc, slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_tiles, epoch,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NOTIFY: tl.constexpr = True):
     """Stores ``acc`` (tile ``(pid_m, pid_n)``) into slot ``me`` of rank ``peer``, then
-    raises flag ``(me, tile)`` there."""
+    raises flag ``(me, tile)`` there (``NOTIFY``; else the caller raises a flag that covers
+    several pushes: each flag is a system-scope release, whose fence stalls the program)."""
     store_tile(dl.symm_at(slots, peer) + me * rows * cols, acc, pid_m, pid_n, rows, cols, cols,
                1, BLOCK_M, BLOCK_N)
-    dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
+    if NOTIFY:
+        dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
 
 
 @triton.jit
@@ -40,26 +43,20 @@ def keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def broadcast_tile(acc, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
-                   epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
-    """Stores ``acc`` (this rank's partial of the tile) into slot ``me`` of this rank
-    (:func:`keep_tile`) and of every other rank, then raises flag ``(me, tile)`` at every
-    peer. The peers' copies go ``BLOCK_M / SPLIT`` rows at a time, each block read back
-    once and stored to every peer (no accumulator-sized block of addresses held beside the
-    accumulator: storing it to the peers straight from registers takes more registers and
-    spills at 128x256, 8 warps — ptxas for sm_90a), and all the stores come before the
-    first release, so its fence drains them all."""
-    keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
-    SUB: tl.constexpr = BLOCK_M // SPLIT
-    own = slots + me * rows * cols
-    for part in range(0, SPLIT):
-        sub_m = pid_m * SPLIT + part
-        block = load_tile(own, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
-        for i in range(1, world):
-            store_tile(dl.symm_at(own, (me + i) % world), block, sub_m, pid_n, rows, cols, cols,
-                       1, SUB, BLOCK_N)
-    for i in range(1, world):
-        dl.notify(flags + me * num_tiles + tile, (me + i) % world, epoch, "set", "sys")
+def forward_tile(slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_tiles, epoch,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2,
+                 NOTIFY: tl.constexpr = True):
+    """Copies this rank's kept partial of the tile (:func:`keep_tile`) into slot ``me`` of
+    rank ``peer``, ``BLOCK_M / SPLIT`` rows at a time, then (``NOTIFY``; else the caller
+    raises a flag that covers several copies) raises flag ``(me, tile)`` there. Holds no
+    accumulator: for pushing one tile to many peers, one peer after the other, each flag
+    raised as soon as its copy is out. (Reading each block back once and storing it to
+    every peer before the first flag — fewer reads — ran 11-15% slower at 8 ranks sharing
+    an H100: BENCHMARKS.md, 2026-12-07 tenth session.)"""
+    _copy_tile(dl.symm_at(slots, peer) + me * rows * cols, slots + me * rows * cols, rows, cols,
+               pid_m, pid_n, BLOCK_M, BLOCK_N, SPLIT)
+    if NOTIFY:
+        dl.notify(flags + me * num_tiles + tile, peer, epoch, "set", "sys")
 
 
 @triton.jit
@@ -113,8 +110,7 @@ def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num
                 store_tile(dl.symm_at(slots, (me + i) % world) + me * rows * cols, result,
                            sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
     if BROADCAST:
-        for i in range(1, world):
-            dl.notify(flags + me * num_tiles + tile, (me + i) % world, epoch, "set", "sys")
+        notify_peers(flags + me * num_tiles + tile, me, world, epoch)
 
 
 @triton.jit

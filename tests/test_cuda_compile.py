@@ -61,7 +61,7 @@ CASES = {
                            "stride_wn": 1, "BLOCK_M": 128, "BLOCK_N": 128,
                            "BLOCK_K": 64, "GROUP_M": 8}),
     "matmul_reduce_scatter": (matmul_reduce_scatter_kernel,
-                              [BF16, BF16, BF16, BF16, F32, I32, F32, I32],
+                              [BF16, BF16, BF16, BF16, BF16, I32, F32, I32],
                               {"seg": 1024, "N": 4096, "K": 1376, "R": 1024, "stride_wk": 4096,
                                "stride_wn": 1, "BLOCK_M": 128,
                                "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}),

@@ -190,6 +190,54 @@ def test_matmul_reduce_scatter_flattened(monkeypatch, store, ranks, dtype, persi
     assert_close(out, want, dtype)
 
 
+@pytest.mark.parametrize("ranks, rows, programs, flatten", [
+    (3, 20, 4, False), (3, 20, 4, True), (4, 16, 5, True), (2, 20, 7, False),
+    pytest.param(8, 20, 5, True, marks=pytest.mark.slow)])
+def test_matmul_reduce_scatter_program_flags(monkeypatch, ranks, rows, programs, flatten):
+    """Persistent GEMM+RS raises one flag per program and peer after the program's last
+    push (``kernels/gemm_collectives.py``'s ``_notify_owners``), and the owner of a tile
+    finds the pushing program's flag from the tile's position: right however the grid
+    meets the tiles — programs that do not divide a segment's tiles (6 tiles, 4 or 5
+    programs: a program's tiles of one segment start at different positions in the next),
+    more programs than a segment has tiles (16 rows: 3 tiles, 5 programs; 6 tiles, 7
+    programs: some programs push nothing to some peers), up to 8 ranks; flattened or not;
+    back to back (flags of the epoch before must not pass for this one's)."""
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
+              "num_stages": 3, "PERSISTENT": True, "USE_TMA": flatten, "FLATTEN": flatten}
+    _one_config(monkeypatch, config)
+    monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": programs)
+    mesh = mesh_1d(ranks)
+    w = rand((ranks * 16, 48), 61, jnp.float32, 0.2)
+    f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_reduce_scatter(a, b, "x"), mesh=mesh,
+                              in_specs=(P(None, "x"), P("x")), out_specs=P("x")))
+    for call in range(3):
+        x = rand((ranks * rows, ranks * 16), 60 + call)
+        out = f(put(mesh, x, P(None, "x")), put(mesh, w, P("x")))
+        assert_close(out, dot32(x, w), jnp.float32)
+
+
+@pytest.mark.parametrize("ranks, programs, use_tma", [
+    (3, 4, False), (3, 4, True), (4, 9, True), (2, 2, False),
+    pytest.param(8, 5, True, marks=pytest.mark.slow)])
+def test_matmul_all_reduce_one_shot_program_flags(monkeypatch, ranks, programs, use_tma):
+    """Persistent one-shot GEMM+AR sends all of a program's partials, raises one flag per
+    peer, then sums (``kernels/gemm_allreduce.py``'s ``_one_shot_program_tiles``): right
+    with programs that do not divide the 9 tiles (4, 5, 2: a program sums 2 to 5 tiles
+    under one flag per peer) or as many as the tiles, up to 8 ranks; back to back."""
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
+              "num_stages": 3, "PERSISTENT": True, "USE_TMA": use_tma, "TWO_SHOT": False}
+    _one_config(monkeypatch, config)
+    monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": programs)
+    mesh = mesh_1d(ranks)
+    w = rand((ranks * 16, 48), 71, jnp.float32, 0.2)
+    f = jax.jit(jax.shard_map(lambda a, b: jtd.matmul_all_reduce(a, b, "x"), mesh=mesh,
+                              in_specs=(P(None, "x"), P("x")), out_specs=P(None)))
+    for call in range(3):
+        x = rand((40, ranks * 16), 70 + call)
+        out = f(put(mesh, x, P(None, "x")), put(mesh, w, P("x")))
+        assert_close(out, dot32(x, w), jnp.float32)
+
+
 @ONE_RANK_STORES
 @pytest.mark.parametrize("ranks, dtype, exchange, persistent", [
     (1, jnp.float32, False, True), (1, jnp.bfloat16, False, True),
