@@ -134,7 +134,9 @@ def sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols, pi
 
     ``SUM_TMA`` (``slots_desc`` from :func:`slots_descriptor`): ``acc``, rounded to the
     slots' type as a pushed partial is, stays in registers and the peers' partials are
-    added to it in rank order, each read through the descriptor — no write and read-back
+    added to it in rank order, each read through the descriptor, the next ones' reads in
+    flight meanwhile (one after the other, they cost GEMM+RS 5-10% in the one-GPU proxy:
+    BENCHMARKS.md) — no write and read-back
     of this rank's partial, and no block of addresses beside the accumulator (read through
     pointers, a whole 128x256 tile's addresses spill the float32 accumulator at 8 warps,
     ptxas for sm_90a; through the descriptor it fits: ``tests/test_cuda_compile.py``). This
@@ -145,10 +147,12 @@ def sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols, pi
         if not WAITED:
             wait_tile(flags, me, world, tile, num_tiles, epoch)
         total = acc.to(slots.dtype.element_ty).to(tl.float32)
-        for src in range(0, world):
-            if src != me:
-                part = slots_desc.load([src, pid_m * BLOCK_M, pid_n * BLOCK_N])
-                total += part.reshape(BLOCK_M, BLOCK_N).to(tl.float32)
+        # the peers in rank order; a pipelined loop, so the next peers' bulk loads are in
+        # flight while one is added (sm_90a: two loads ahead)
+        for i in tl.range(0, world - 1, num_stages=3):
+            src = i + (i >= me).to(tl.int32)
+            part = slots_desc.load([src, pid_m * BLOCK_M, pid_n * BLOCK_N])
+            total += part.reshape(BLOCK_M, BLOCK_N).to(tl.float32)
         total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
         store_tile(c_ptr, total, pid_m, pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
     else:
