@@ -12,6 +12,8 @@ exist to time what the piece costs.
     no-flags       no per-tile flags raised, no flags awaited (the own segment sums
                    whatever has landed)
     no-reads       the own segment stores its own partial, reading no peer's
+    serial-reads   the own segment reads the peers' partials (``SUM_TMA``) one after the
+                   other, as before 2026-12-07's tenth session, not in a pipelined loop
 
 (Not storing the pushed partials is no variant: the compiler then drops those tiles' whole
 products, which times nothing.)
@@ -40,7 +42,7 @@ from jax_triton_dist.kernels import tile_exchange as te
 from jax_triton_dist.kernels.epilogue import apply_epilogue
 from jax_triton_dist.kernels.gemm import store_tile
 
-VARIANTS = ("as-is", "gpu-flags", "no-flags", "no-reads")
+VARIANTS = ("as-is", "gpu-flags", "no-flags", "no-reads", "serial-reads")
 # The proxy's fixed tile (pointer loads) and the tuner's usual choice for this op (tensor
 # descriptors, tile and K loops flattened, own tiles summed through a descriptor)
 CONFIGS = {
@@ -84,6 +86,23 @@ def sum_own_tile_no_reads(acc, c_ptr, slots, slots_desc, flags, me, world, rows,
     store_tile(c_ptr, acc, pid_m, pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
 
 
+@triton.jit
+def sum_own_tile_serial(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols, pid_m,
+                        pid_n, tile, num_tiles, epoch, bias_ptr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        ACTIVATION: tl.constexpr, SUM_TMA: tl.constexpr,
+                        WAITED: tl.constexpr = False):
+    if not WAITED:
+        wait_tile(flags, me, world, tile, num_tiles, epoch)
+    total = acc.to(slots.dtype.element_ty).to(tl.float32)
+    for src in range(0, world):
+        if src != me:
+            part = slots_desc.load([src, pid_m * BLOCK_M, pid_n * BLOCK_N])
+            total += part.reshape(BLOCK_M, BLOCK_N).to(tl.float32)
+    total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
+    store_tile(c_ptr, total, pid_m, pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
+
+
 def _patch(variant: str) -> None:
     """Replaces the exchange helpers the kernel module calls, for ``variant``."""
     global RAISE_FLAGS, SCOPE
@@ -96,6 +115,8 @@ def _patch(variant: str) -> None:
     te.wait_tile = wait_tile
     if variant == "no-reads":
         gc.sum_own_tile = sum_own_tile_no_reads
+    if variant == "serial-reads":
+        gc.sum_own_tile = sum_own_tile_serial
 
 
 def _measure(variant: str, ranks: list[int], iters: int) -> list[dict]:
