@@ -41,6 +41,7 @@ from jax_triton_dist.kernels import gemm_collectives as gc
 from jax_triton_dist.kernels import tile_exchange as te
 from jax_triton_dist.kernels.epilogue import apply_epilogue
 from jax_triton_dist.kernels.gemm import store_tile
+from jax_triton_dist.kernels.tile_exchange import sum_own_tile as shipped_sum_own_tile
 
 VARIANTS = ("as-is", "gpu-flags", "no-flags", "no-reads", "serial-reads")
 # The proxy's fixed tile (pointer loads) and the tuner's usual choice for this op (tensor
@@ -92,15 +93,20 @@ def sum_own_tile_serial(acc, c_ptr, slots, slots_desc, flags, me, world, rows, c
                         BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                         ACTIVATION: tl.constexpr, SUM_TMA: tl.constexpr,
                         WAITED: tl.constexpr = False):
-    if not WAITED:
-        wait_tile(flags, me, world, tile, num_tiles, epoch)
-    total = acc.to(slots.dtype.element_ty).to(tl.float32)
-    for src in range(0, world):
-        if src != me:
-            part = slots_desc.load([src, pid_m * BLOCK_M, pid_n * BLOCK_N])
-            total += part.reshape(BLOCK_M, BLOCK_N).to(tl.float32)
-    total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
-    store_tile(c_ptr, total, pid_m, pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
+    if SUM_TMA:
+        if not WAITED:
+            wait_tile(flags, me, world, tile, num_tiles, epoch)
+        total = acc.to(slots.dtype.element_ty).to(tl.float32)
+        for src in range(0, world):
+            if src != me:
+                part = slots_desc.load([src, pid_m * BLOCK_M, pid_n * BLOCK_N])
+                total += part.reshape(BLOCK_M, BLOCK_N).to(tl.float32)
+        total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
+        store_tile(c_ptr, total, pid_m, pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
+    else:  # (the pointer form reads the partials through sum_tile, unchanged)
+        shipped_sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols,
+                             pid_m, pid_n, tile, num_tiles, epoch, bias_ptr, BLOCK_M, BLOCK_N,
+                             HAS_BIAS, ACTIVATION, SUM_TMA, WAITED)
 
 
 def _patch(variant: str) -> None:
