@@ -112,7 +112,7 @@ def matmul_all_reduce_kernel(
         _one_rank_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, M, N, K, stride_am,
                         stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
                         USE_TMA, B_NK, FLATTEN, TMA_STORE, SUBTILE)
-    elif PERSISTENT and not STREAM_K and not TWO_SHOT:
+    elif PERSISTENT and not (STREAM_K or TWO_SHOT):  # (Triton 3.2, Ascend: no chained and)
         _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
                                 world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
                                 stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK)
