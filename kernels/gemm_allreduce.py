@@ -135,6 +135,21 @@ def matmul_all_reduce_kernel(
 
 
 @triton.jit
+def _product(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, k_start, k_end, stride_am,
+             stride_ak, stride_bk, stride_bn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, B_NK: tl.constexpr):
+    """This rank's partial of tile ``(pid_m, pid_n)``, K columns ``k_start:k_end``, read
+    through the descriptors (``USE_TMA``) or the pointers."""
+    if USE_TMA:
+        acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_start, k_end,
+                              BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
+    else:
+        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am,
+                          stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    return acc
+
+
+@triton.jit
 def _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
                             world, epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -153,12 +168,9 @@ def _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, f
     if first < num_tiles:
         for tile in range(first, num_tiles, tl.num_programs(0)):
             pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-            if USE_TMA:
-                acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
-                                      BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
-            else:
-                acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am, stride_ak,
-                                  stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc = _product(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, 0, K, stride_am,
+                           stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
+                           B_NK)
             keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
             for i in range(1, world):
                 forward_tile(slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
@@ -184,12 +196,8 @@ def _one_rank_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, M, N, K, stride_
     c_desc = output_descriptor(c_ptr, M, N, N, 1, BLOCK_M, BLOCK_N, TMA_STORE, SUBTILE)
     for tile in tl.range(first, tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-        if USE_TMA:
-            acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K,
-                                  BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
-        else:
-            acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am, stride_ak,
-                              stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = _product(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, 0, K, stride_am,
+                       stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_NK)
         store_output(c_desc, c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N, TMA_STORE,
                      SUBTILE)
 
@@ -210,12 +218,9 @@ def _matmul_all_reduce_tile(tile, k_first, k_last, blocks, share, extra, a_ptr, 
     k_start, k_end = k_columns(k_first, k_last, K, BLOCK_K, SPLIT)
 
     # ---- this rank's partial tile ----
-    if USE_TMA:
-        acc = matmul_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_start, k_end,
-                              BLOCK_M, BLOCK_N, BLOCK_K, B_NK)
-    else:
-        acc = matmul_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am,
-                          stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = _product(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, k_start, k_end,
+                   stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
+                   USE_TMA, B_NK)
     if SPLIT:  # a stream-K share: finished by the program that completes the tile
         if (k_first == 0) & (k_last == blocks):
             _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, epoch, M, N,
