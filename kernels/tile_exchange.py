@@ -4,7 +4,9 @@ GEMM + ReduceScatter and GEMM + AllReduce.
 Slots are ``[num_ranks, rows, cols]`` of the partials' element type (slot ``src`` holds rank
 ``src``'s partial, rounded from its float32 accumulator; ``fused.launch.partial_dtype``),
 flags int32 ``[num_ranks, tiles]`` (flag ``(src, tile)``: "rank src's partial of tile has
-landed"), both already advanced to this call's epoch half. Every access forms its
+landed"; a persistent kernel may instead raise one flag per program for all its pushes,
+``NOTIFY=False`` here, at an index it defines, and pass that index as ``tile`` to the
+waits), both already advanced to this call's epoch half. Every access forms its
 addresses from the tile's indices, so no block of offsets or pointers stays live beside
 the accumulator (a 128x128 float32 accumulator takes 64 registers per thread at 8 warps;
 holding its offsets and mask too made the kernels spill), and sums run over row blocks of
