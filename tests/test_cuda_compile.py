@@ -70,7 +70,7 @@ CASES = {
                       "BLOCK_H": 128}),
     "moe_combine": (moe_combine_kernel, [BF16, I32, I32, F32, BF16, I32],
                     {"T": 128, "K": 8, "H": 7168, "BLOCK_T": 32, "BLOCK_H": 128}),
-    "matmul_all_reduce": (matmul_all_reduce_kernel, [BF16, BF16, BF16, F32, I32, F32, I32],
+    "matmul_all_reduce": (matmul_all_reduce_kernel, [BF16, BF16, BF16, BF16, I32, F32, I32],
                           {"M": 128, "N": 4096, "K": 1376, "stride_am": 1376, "stride_ak": 1,
                            "stride_bk": 4096, "stride_bn": 1, "BLOCK_M": 64, "BLOCK_N": 128,
                            "BLOCK_K": 64, "GROUP_M": 8}),
