@@ -302,3 +302,42 @@ def test_reduce_scatter_sums_own_tiles_in_registers_for_sm90(block_n):
             assert ("cp.async.bulk.tensor.3d.shared" in ptx) == sum_tma  # the peers' partials
             if sum_tma:
                 assert _ptxas_usage(ptx)[1] == 0
+
+
+_ABLATION_COMPILE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import jax.numpy as jnp, numpy as np
+import rs_ablation
+rs_ablation._patch(sys.argv[2])
+from jax_triton_dist.kernels.gemm_collectives import matmul_reduce_scatter_kernel
+from jax_triton_dist.runtime.cuda_compile import compile_kernel, signature_of
+bf16 = np.dtype(jnp.bfloat16)
+pointers = [("pointer", t) for t in [bf16] * 5 + [np.dtype("int32"), np.dtype("float32"),
+                                                  np.dtype("int32")]]
+for config, warps, stages in rs_ablation.CONFIGS.values():
+    kwargs = dict(seg=1024, N=4096, K=1376, R=1024, stride_wk=4096, stride_wn=1,
+                  PERSISTENT=True, SUM_TMA=config.get("USE_TMA", False), **config)
+    signature, constexprs = signature_of(matmul_reduce_scatter_kernel, pointers, kwargs)
+    compile_kernel(matmul_reduce_scatter_kernel, signature, constexprs, num_warps=warps,
+                   num_stages=stages, num_ranks=8)
+print("compiled")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["as-is", "gpu-flags", "no-flags", "no-reads",
+                                     "serial-reads"])
+def test_rs_ablation_variants_compile_for_sm90(variant):
+    """``scripts/rs_ablation.py`` replaces GEMM+RS's exchange helpers with its own; each of
+    its variants still compiles for sm_90a in both its configs (a helper whose signature
+    changed would break the script only on the GPU machine otherwise). A process each:
+    the replacements are global."""
+    import pathlib
+    import subprocess
+    import sys
+
+    scripts = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+    run = subprocess.run([sys.executable, "-c", _ABLATION_COMPILE, str(scripts), variant],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
