@@ -328,16 +328,17 @@ print("compiled")
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["as-is", "gpu-flags", "no-flags", "no-reads",
                                      "serial-reads"])
-def test_rs_ablation_variants_compile_for_sm90(variant):
+def test_rs_ablation_variants_compile_for_sm90(variant, tmp_path):
     """``scripts/rs_ablation.py`` replaces GEMM+RS's exchange helpers with its own; each of
     its variants still compiles for sm_90a in both its configs (a helper whose signature
     changed would break the script only on the GPU machine otherwise). A process each:
-    the replacements are global."""
+    the replacements are global; run outside the source tree, whose unbuilt package would
+    shadow the installed one."""
     import pathlib
     import subprocess
     import sys
 
     scripts = pathlib.Path(__file__).resolve().parent.parent / "scripts"
     run = subprocess.run([sys.executable, "-c", _ABLATION_COMPILE, str(scripts), variant],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
