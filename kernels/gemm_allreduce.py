@@ -21,9 +21,9 @@ from jax_triton_dist.kernels.gemm import (
 )
 from jax_triton_dist.kernels.tile_exchange import (
     copy_sum_tile,
-    forward_tile,
     keep_tile,
     push_tile,
+    share_partial,
     sum_tile,
     wait_tile,
 )
@@ -171,10 +171,8 @@ def _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, f
             acc = _product(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, 0, K, stride_am,
                            stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
                            B_NK)
-            keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
-            for i in range(1, world):
-                forward_tile(slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
-                             num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
+            share_partial(acc, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles,
+                          epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
         notify_peers(flags + me * num_tiles + first, me, world, epoch)
         wait_tile(flags, me, world, first, num_tiles, epoch)
         for tile in range(first, num_tiles, tl.num_programs(0)):
@@ -258,10 +256,8 @@ def _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, 
         # ---- keep it in the own slot, copy it from there into slot `me` of every other
         # rank and raise flag (me, tile) there; then sum every rank's partial of this tile
         # in rank order (the same bits on every rank) and store ----
-        keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
-        for i in range(1, world):
-            forward_tile(slots, flags, (me + i) % world, me, M, N, pid_m, pid_n, tile,
-                         num_tiles, epoch, BLOCK_M, BLOCK_N)
+        share_partial(acc, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
+                      BLOCK_M, BLOCK_N)
         sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
                  c_ptr, BLOCK_M, BLOCK_N, False, "none")
 

@@ -378,8 +378,7 @@ def matmul_reduce_scatter_kernel(
             tl.program_id(0), tiles_per_segment, x_ptr, w_ptr, x_desc, w_desc, bias_ptr, c_ptr,
             c_desc, slots, slots_desc, flags, me, world, epoch, seg, N, K, R, stride_wk,
             stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BATCHED, HAS_BIAS, ACTIVATION,
-            USE_TMA, W_NK, "store",
-            False, TMA_STORE, SUBTILE, SUM_TMA)
+            USE_TMA, W_NK, "store", False, TMA_STORE, SUBTILE, SUM_TMA)
     else:
         _matmul_reduce_scatter_tile(tl.program_id(0), 0, blocks, blocks, 0, 0, x_ptr, w_ptr,
                                     x_desc, w_desc, bias_ptr, c_ptr, slots, slots_desc, flags,

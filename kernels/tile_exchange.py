@@ -62,6 +62,20 @@ def forward_tile(slots, flags, peer, me, rows, cols, pid_m, pid_n, tile, num_til
 
 
 @triton.jit
+def share_partial(acc, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
+                  epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  NOTIFY: tl.constexpr = True):
+    """Keeps ``acc`` (this rank's partial of the tile) in slot ``me`` (:func:`keep_tile`)
+    and copies it into slot ``me`` of every other rank, ``me + 1`` first
+    (:func:`forward_tile`; ``NOTIFY``: flag ``(me, tile)`` raised at each as its copy is
+    out, else the caller raises flags that cover the copies)."""
+    keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
+    for i in range(1, world):
+        forward_tile(slots, flags, (me + i) % world, me, rows, cols, pid_m, pid_n, tile,
+                     num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=NOTIFY)
+
+
+@triton.jit
 def _copy_tile(dst, src, rows, cols, pid_m, pid_n, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     """Copies tile ``(pid_m, pid_n)`` of the ``[rows, cols]`` matrix at ``src`` to ``dst``,
