@@ -110,9 +110,18 @@ def test_putmem_signal_and_barrier(world):
 # The fused kernels' stream-K workspaces, unused by their other forms
 NO_STREAM_K = [((1,), np.float32), ((1,), np.int32)]
 
+# The fused kernels' forms with different exchanges: one tile a program (a flag per tile
+# and peer); persistent (3 programs over 4 tiles, or 2/3 of a grid's tiles: a program's
+# tiles start at different positions in different segments), whose one-shot GEMM+AR and
+# GEMM+RS raise one flag per program and peer; with tensor descriptors (GEMM+RS: its own
+# tiles summed through the slots' descriptor, its loops flattened).
+EXCHANGE_FORMS = ["per-tile", "persistent", "persistent-tma"]
+
+
+@pytest.mark.parametrize("form", EXCHANGE_FORMS)
 @pytest.mark.parametrize("two_shot", [False, True], ids=["one-shot", "two-shot"])
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_matmul_all_reduce_kernel(world, two_shot):
+def test_matmul_all_reduce_kernel(world, two_shot, form):
     from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
 
     m, k, n = 32, 256, 192
@@ -120,13 +129,15 @@ def test_matmul_all_reduce_kernel(world, two_shot):
     xs = rng.standard_normal((CALLS, world, m, k)).astype(np.float32)
     w = rng.standard_normal((world, k, n)).astype(np.float32) / 16
     tiles = 2 * 2  # BLOCK_M=16 over m=32, BLOCK_N=128 over n=192
+    form_kwargs = {"per-tile": {}, "persistent": {"PERSISTENT": True},
+                   "persistent-tma": {"PERSISTENT": True, "USE_TMA": True}}[form]
     out = one_gpu.run_ranks(
         matmul_all_reduce_kernel, world, lambda c, r: [xs[c, r], w[r]], [((m, n), np.float32)],
         [((2, world, m, n), np.float32), ((2, world, tiles), np.int32), *NO_STREAM_K],
-        grid=(tiles,),
+        grid=(3 if form_kwargs else tiles,),
         kwargs={"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1, "stride_bk": n,
                 "stride_bn": 1, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
-                "TWO_SHOT": two_shot},
+                "TWO_SHOT": two_shot, **form_kwargs},
         calls=CALLS)
     for c in range(CALLS):
         ref = np.einsum("rmk,rkn->mn", xs[c].astype(np.float64), w.astype(np.float64))
@@ -135,8 +146,9 @@ def test_matmul_all_reduce_kernel(world, two_shot):
             np.testing.assert_array_equal(out[c][r][0], out[c][0][0])  # rank-order sums
 
 
+@pytest.mark.parametrize("form", EXCHANGE_FORMS)
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_matmul_reduce_scatter_kernel(world):
+def test_matmul_reduce_scatter_kernel(world, form):
     from jax_triton_dist.kernels.gemm_collectives import matmul_reduce_scatter_kernel
 
     seg, k, n = 64, 128, 128
@@ -144,14 +156,18 @@ def test_matmul_reduce_scatter_kernel(world):
     xs = rng.standard_normal((CALLS, world, world * seg, k)).astype(np.float32)
     w = rng.standard_normal((world, k, n)).astype(np.float32) / 12
     per_segment = 2  # BLOCK_M=32 over 64 rows, BLOCK_N=128 over 128 columns
+    form_kwargs = {"per-tile": {}, "persistent": {"PERSISTENT": True},
+                   "persistent-tma": {"PERSISTENT": True, "USE_TMA": True, "FLATTEN": True,
+                                      "SUM_TMA": True}}[form]
+    tiles = world * per_segment
     out = one_gpu.run_ranks(
         matmul_reduce_scatter_kernel, world, lambda c, r: [xs[c, r], w[r], w[r, 0]],
         [((seg, n), np.float32)],
         [((2, world, seg, n), np.float32), ((2, world, per_segment), np.int32),
-         *NO_STREAM_K], grid=(world * per_segment,),
-        kwargs={"seg": seg, "N": n, "K": k, "R": seg, "stride_wk": n, "stride_wn": 1, "BLOCK_M": 32,
-                "BLOCK_N": 128, "BLOCK_K": 64,
-                "GROUP_M": 8}, calls=CALLS)
+         *NO_STREAM_K], grid=(tiles * 2 // 3 if form_kwargs else tiles,),
+        kwargs={"seg": seg, "N": n, "K": k, "R": seg, "stride_wk": n, "stride_wn": 1,
+                "BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, **form_kwargs},
+        calls=CALLS)
     for c in range(CALLS):
         full = np.einsum("rmk,rkn->mn", xs[c].astype(np.float64), w.astype(np.float64))
         for r in range(world):
