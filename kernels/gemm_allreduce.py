@@ -37,7 +37,7 @@ def matmul_all_reduce_kernel(
     b_ptr,  # [K, N] this rank's weights (the same K shard)
     c_ptr,  # [M, N] the sum over ranks of A @ B
     slots_ptr,  # symmetric workspace [2, num_ranks, M, N]: every rank's partial tiles
-    flags_ptr,  # symmetric workspace int32 [2, num_ranks, num_tiles]
+    flags_ptr,  # symmetric workspace int32 [2, 2, num_ranks, num_tiles] (see below)
     partial_ptr,  # STREAM_K: workspace float32 [programs, 2, BLOCK_M, BLOCK_N] (else unused)
     counts_ptr,  # STREAM_K: workspace int32 [tiles], zero between calls (else unused)
     # Sizes
@@ -64,10 +64,16 @@ def matmul_all_reduce_kernel(
     partials: the form for large outputs or many ranks (the tuner chooses). The partials
     never wait and the sums wait only on partials, so the waits cannot form a cycle.
 
+    Flags, per epoch: ``[2, num_ranks, num_tiles]``, flag ``(0, src, t)`` "rank src's
+    partial(s) have landed", ``(1, src, t)`` "rank src's sums have landed" (the
+    per-program two-shot exchange; the per-tile one raises its sums' flags among the
+    partials', at ``(0, owner, tile)``, which no partial uses).
+
     One program per tile, or (``PERSISTENT``) fewer programs, all resident at once, each
-    looping over tiles ``program, program + programs, ...``; in the one-shot exchange
-    without ``STREAM_K`` a program sends all its partials first and raises one flag per
-    peer, then sums its tiles (``_one_shot_program_tiles``). ``STREAM_K`` (with
+    looping over tiles ``program, program + programs, ...``; without ``STREAM_K`` a
+    program sends all its partials first and raises one flag per peer, then sums (and,
+    two-shot, sends all its sums and raises one flag per peer, then copies the peers'
+    sums): ``_program_tiles``. ``STREAM_K`` (with
     ``PERSISTENT``): the tiles that would form a partial last wave (at decode shapes, all
     of them) are shared out by K blocks first; the program that completes a tile's
     partial exchanges it. With one rank (nothing to exchange) the whole tiles are one
@@ -88,7 +94,7 @@ def matmul_all_reduce_kernel(
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     slots = epoch_half(slots_ptr, epoch, world * M * N)
-    flags = epoch_half(flags_ptr, epoch, world * tiles_m * tiles_n)
+    flags = epoch_half(flags_ptr, epoch, 2 * world * tiles_m * tiles_n)
     a_desc = a_ptr  # USE_TMA: descriptors made once per program
     b_desc = b_ptr
     if USE_TMA:
@@ -112,10 +118,10 @@ def matmul_all_reduce_kernel(
         _one_rank_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, M, N, K, stride_am,
                         stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
                         USE_TMA, B_NK, FLATTEN, TMA_STORE, SUBTILE)
-    elif PERSISTENT and not (STREAM_K or TWO_SHOT):  # (Triton 3.2, Ascend: no chained and)
-        _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
-                                world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
-                                stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK)
+    elif PERSISTENT and not STREAM_K:
+        _program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me, world,
+                       epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M,
+                       BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK, TWO_SHOT)
     elif PERSISTENT:
         for tile in range(first, tiles_m * tiles_n, tl.num_programs(0)):
             _matmul_all_reduce_tile(tile, 0, blocks, blocks, 0, 0, a_ptr, b_ptr, a_desc,
@@ -129,7 +135,7 @@ def matmul_all_reduce_kernel(
                                 me, world, epoch, M, N, K, stride_am, stride_ak, stride_bk,
                                 stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_NK,
                                 TWO_SHOT, False)
-    if TWO_SHOT:
+    if TWO_SHOT and (STREAM_K or not PERSISTENT):  # (_program_tiles copies its own sums)
         _copy_sums(c_ptr, slots, flags, tl.program_id(0), tl.num_programs(0), me, world,
                    epoch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
@@ -150,18 +156,21 @@ def _product(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, k_start, k_end, s
 
 
 @triton.jit
-def _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
-                            world, epoch, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                            USE_TMA: tl.constexpr, B_NK: tl.constexpr):
-    """A persistent program's whole tiles ``first, first + programs, ...`` in the one-shot
-    exchange, several ranks: every partial kept and copied to every peer first, then one
-    flag ``(me, program)`` raised at each peer (one system-scope release per peer instead
-    of one per tile and peer: each release's fence stalls the program, BENCHMARKS.md),
-    then — once every peer's flag ``(src, program)`` has landed — the tiles summed in rank
-    order. Program ``p`` of every rank computes the same tiles (the same grid over the same
-    order), so its flag covers exactly the partials this program sums."""
+def _program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me, world, epoch,
+                   M, N, K, stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   USE_TMA: tl.constexpr, B_NK: tl.constexpr, TWO_SHOT: tl.constexpr):
+    """A persistent program's whole tiles ``first, first + programs, ...``, several ranks,
+    with one flag per peer for each step instead of one per tile and peer (each is a
+    system-scope release, whose fence stalls the program: BENCHMARKS.md). Program ``p``
+    of every rank computes the same tiles (the same grid over the same order), so its flag
+    ``(src, p)`` covers exactly what program ``p`` elsewhere waits for.
+
+    One-shot: every partial kept and copied to every peer, flag ``(0, me, p)`` raised at
+    each; once every peer's has landed, the tiles summed in rank order. Two-shot: each
+    partial kept (tiles this rank owns) or pushed to its owner, flag ``(0, me, p)``; once
+    every peer's has landed, the owned tiles summed and the sums pushed to every peer,
+    flag ``(1, me, p)``; once the owners' have landed, their sums copied into ``C``."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = tiles_m * tiles_n
@@ -171,14 +180,30 @@ def _one_shot_program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, f
             acc = _product(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, 0, K, stride_am,
                            stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
                            B_NK)
-            share_partial(acc, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles,
-                          epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
+            if not TWO_SHOT:
+                share_partial(acc, slots, flags, me, world, M, N, pid_m, pid_n, tile,
+                              num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
+            elif tile % world == me:
+                keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
+            else:
+                push_tile(acc, slots, flags, tile % world, me, M, N, pid_m, pid_n, tile,
+                          num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
         notify_peers(flags + me * num_tiles + first, me, world, epoch)
         wait_tile(flags, me, world, first, num_tiles, epoch)
         for tile in range(first, num_tiles, tl.num_programs(0)):
-            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-            sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
-                     c_ptr, BLOCK_M, BLOCK_N, False, "none", WAITED=True)
+            if (tile % world == me) | (not TWO_SHOT):  # one-shot: every tile
+                pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles,
+                         epoch, c_ptr, BLOCK_M, BLOCK_N, False, "none", BROADCAST=TWO_SHOT,
+                         WAITED=True, NOTIFY=False)
+        if TWO_SHOT:
+            sums = flags + world * num_tiles
+            notify_peers(sums + me * num_tiles + first, me, world, epoch)
+            for tile in range(first, num_tiles, tl.num_programs(0)):
+                if tile % world != me:
+                    pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                    copy_sum_tile(c_ptr, slots, sums, tile % world, M, N, pid_m, pid_n, first,
+                                  num_tiles, epoch, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

@@ -100,15 +100,17 @@ def wait_tile(flags, me, world, tile, num_tiles, epoch):
 def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num_tiles,
              epoch, bias_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT: tl.constexpr = 2,
-             BROADCAST: tl.constexpr = False, WAITED: tl.constexpr = False):
+             BROADCAST: tl.constexpr = False, WAITED: tl.constexpr = False,
+             NOTIFY: tl.constexpr = True):
     """Stores into ``C`` the float32 sum, in rank order, of every rank's partial of the
     tile: this rank's kept one (:func:`keep_tile`) and the peers', each read once its flag
     reaches ``epoch``. Every rank summing a tile gets the same bits. Sums ``BLOCK_M /
     SPLIT`` rows at a time: 128x128 tiles at 8 warps fit in 128 registers a thread. The
     epilogue (``kernels/epilogue.py``) applies to the sum. ``BROADCAST``: the sum, as
     stored into ``C``, also goes into slot ``me`` of every other rank, and flag ``(me,
-    tile)`` is raised there (:func:`copy_sum_tile` takes it from there). ``WAITED``: the
-    caller has already acquired the peers' flags of the tile (:func:`wait_tile`)."""
+    tile)`` is raised there (:func:`copy_sum_tile` takes it from there; ``NOTIFY=False``:
+    the caller raises flags that cover several sums). ``WAITED``: the caller has already
+    acquired the peers' flags of the tile (:func:`wait_tile`)."""
     if not WAITED:
         wait_tile(flags, me, world, tile, num_tiles, epoch)
     SUB: tl.constexpr = BLOCK_M // SPLIT
@@ -125,7 +127,7 @@ def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num
             for i in range(1, world):
                 store_tile(dl.symm_at(slots, (me + i) % world) + me * rows * cols, result,
                            sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
-    if BROADCAST:
+    if BROADCAST and NOTIFY:
         notify_peers(flags + me * num_tiles + tile, me, world, epoch)
 
 
@@ -180,8 +182,9 @@ def sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols, pi
 @triton.jit
 def copy_sum_tile(c_ptr, slots, flags, owner, rows, cols, pid_m, pid_n, tile, num_tiles,
                   epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
-    """Copies into ``C`` the sum of the tile that rank ``owner`` pushed into slot ``owner``
-    (:func:`sum_tile` with ``BROADCAST``), once flag ``(owner, tile)`` reaches ``epoch``."""
+    """Copies into ``C`` the sum of tile ``(pid_m, pid_n)`` that rank ``owner`` pushed into
+    slot ``owner`` (:func:`sum_tile` with ``BROADCAST``), once flag ``(owner, tile)``
+    reaches ``epoch`` (``tile``: the index of the flag that covers the sum)."""
     dl.wait(flags + owner * num_tiles + tile, 1, "sys", "acquire", epoch)
     _copy_tile(c_ptr, slots + owner * rows * cols, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N,
                SPLIT)

@@ -335,6 +335,19 @@ def test_agmm_mmrs_errors():
         trace(jtd.all_gather_matmul, jnp.ones((4, 8)), jnp.ones((6, 4)))
 
 
+def test_a_config_that_sets_a_form_constexpr_is_refused(monkeypatch):
+    """A GEMM config that sets what one of the kernel's forms sets (GEMM+AR's exchange)
+    would be silently overridden by the form: refused, naming both."""
+    from jax_triton_dist import tiles
+    from jax_triton_dist.fused import launch
+    from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
+
+    monkeypatch.setattr(tiles, "gemm_configs", lambda *a, **k: [{"TWO_SHOT": True}])
+    with pytest.raises(ValueError, match=r"matmul_all_reduce_kernel: GEMM configs set "
+                                         r"\['TWO_SHOT'\].*forms"):
+        launch._tuned(matmul_all_reduce_kernel, 8, 32, 16, 1, forms=launch.ALL_REDUCE_FORMS)
+
+
 def test_tuning_spaces_hold_the_exchange_and_store_forms(monkeypatch):
     """What the ops hand the autotuner: GEMM+AR both exchanges at several ranks (the first
     is the choice on CPU and with tuning off: one-shot for small outputs, as all_reduce

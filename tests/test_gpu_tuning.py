@@ -168,7 +168,7 @@ def test_persistent_matmul_all_reduce(world, stream_k):
                                     "stride_bk": n, "stride_bn": 1}, 3, stream_k, tiles)
     out = one_gpu.run_ranks(
         matmul_all_reduce_kernel, world, lambda c, r: [xs[c, r], w[r]], [((m, n), np.float32)],
-        [((2, world, m, n), np.float32), ((2, world, tiles), np.int32), *sk], grid, kwargs,
+        [((2, world, m, n), np.float32), ((2, 2, world, tiles), np.int32), *sk], grid, kwargs,
         calls=CALLS)
     for c in range(CALLS):
         ref = np.einsum("rmk,rkn->mn", xs[c].astype(np.float64), w.astype(np.float64))
@@ -185,7 +185,7 @@ def test_a_persistent_grid_that_does_not_fit_is_refused():
         one_gpu.run_ranks(jtd.autotune.autotune([jtd.autotune.Config({}, co_resident=True)],
                                                 enabled=False)(matmul_all_reduce_kernel), 2,
                           lambda c, r: [x, x], [((m, n), np.float32)],
-                          [((2, 2, m, n), np.float32), ((2, 2, 1), np.int32), *sk], grid,
+                          [((2, 2, m, n), np.float32), ((2, 2, 2, 1), np.int32), *sk], grid,
                           kwargs)
 
 

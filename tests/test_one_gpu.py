@@ -133,7 +133,7 @@ def test_matmul_all_reduce_kernel(world, two_shot, form):
                    "persistent-tma": {"PERSISTENT": True, "USE_TMA": True}}[form]
     out = one_gpu.run_ranks(
         matmul_all_reduce_kernel, world, lambda c, r: [xs[c, r], w[r]], [((m, n), np.float32)],
-        [((2, world, m, n), np.float32), ((2, world, tiles), np.int32), *NO_STREAM_K],
+        [((2, world, m, n), np.float32), ((2, 2, world, tiles), np.int32), *NO_STREAM_K],
         grid=(3 if form_kwargs else tiles,),
         kwargs={"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1, "stride_bk": n,
                 "stride_bn": 1, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,

@@ -123,6 +123,14 @@ def _one_config(monkeypatch, config, asked=None):
     monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": 3)
 
 
+def _all_reduce_exchange(monkeypatch, two_shot):
+    """Makes GEMM+AR's exchange (a form its op puts on every config) the one-shot or the
+    two-shot one."""
+    from jax_triton_dist.fused import launch
+
+    monkeypatch.setattr(launch, "ALL_REDUCE_FORMS", ({"TWO_SHOT": two_shot},))
+
+
 @pytest.mark.parametrize("store", [{}, {"TMA_STORE": True},
                                    {"TMA_STORE": True, "SUBTILE": True, "BLOCK_N": 32}],
                          ids=["stores", "tma-store", "tma-halves"])
@@ -216,17 +224,21 @@ def test_matmul_reduce_scatter_program_flags(monkeypatch, ranks, rows, programs,
         assert_close(out, dot32(x, w), jnp.float32)
 
 
+@pytest.mark.parametrize("two_shot", [False, True], ids=["one-shot", "two-shot"])
 @pytest.mark.parametrize("ranks, programs, use_tma", [
     (3, 4, False), (3, 4, True), (4, 9, True), (2, 2, False),
     pytest.param(8, 5, True, marks=pytest.mark.slow)])
-def test_matmul_all_reduce_one_shot_program_flags(monkeypatch, ranks, programs, use_tma):
-    """Persistent one-shot GEMM+AR sends all of a program's partials, raises one flag per
-    peer, then sums (``kernels/gemm_allreduce.py``'s ``_one_shot_program_tiles``): right
-    with programs that do not divide the 9 tiles (4, 5, 2: a program sums 2 to 5 tiles
-    under one flag per peer) or as many as the tiles, up to 8 ranks; back to back."""
+def test_matmul_all_reduce_program_flags(monkeypatch, ranks, programs, use_tma, two_shot):
+    """Persistent GEMM+AR sends all of a program's partials, raises one flag per peer,
+    then sums (two-shot: the tiles this rank owns, the sums sent to every peer under one
+    more flag per peer, then the owners' sums copied) (``kernels/gemm_allreduce.py``'s
+    ``_program_tiles``): right with programs that do not divide the 9 tiles (4, 5, 2: a
+    program sums 2 to 5 tiles under one flag per peer, of owners that differ from tile to
+    tile) or as many as the tiles, up to 8 ranks; back to back."""
     config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
-              "num_stages": 3, "PERSISTENT": True, "USE_TMA": use_tma, "TWO_SHOT": False}
+              "num_stages": 3, "PERSISTENT": True, "USE_TMA": use_tma}
     _one_config(monkeypatch, config)
+    _all_reduce_exchange(monkeypatch, two_shot)
     monkeypatch.setattr(tiles, "fill_programs", lambda target="cuda": programs)
     mesh = mesh_1d(ranks)
     w = rand((ranks * 16, 48), 71, jnp.float32, 0.2)
@@ -253,8 +265,8 @@ def test_matmul_all_reduce_one_rank_forms(monkeypatch, store, ranks, dtype, exch
     asked = []
     _one_config(monkeypatch, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
                               "num_warps": 4, "num_stages": 3, "PERSISTENT": persistent,
-                              "USE_TMA": True, "FLATTEN": persistent, "TWO_SHOT": exchange,
-                              **store}, asked)
+                              "USE_TMA": True, "FLATTEN": persistent, **store}, asked)
+    _all_reduce_exchange(monkeypatch, exchange)
     mesh = mesh_1d(ranks)
     x = rand((40, ranks * 32), ranks + 60, dtype)
     w = rand((ranks * 32, 48), 61, dtype, 0.2)

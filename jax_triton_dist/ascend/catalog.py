@@ -221,11 +221,14 @@ def _fused(ranks: int, persistent: bool = False) -> list[Case]:
              SUBTILE=False),
         Expected(notifies=ranks - 1, waits=ranks, barriers=(ranks - 1) + ranks + 1))
     # two-shot: the owner's branch waits per rank and pushes its sum to every peer, the
-    # other branch pushes one partial; every rank then waits for the sums it copies
+    # other branch pushes one partial; every rank then waits for the sums it copies.
+    # Persistent: one flag per peer for a program's partials and one for its sums.
+    notifies = 2 * (ranks - 1) if persistent else ranks
     two_shot = dataclasses.replace(
         ar, name="matmul_all_reduce_two_shot" + suffix,
         constexprs=dict(ar.constexprs, TWO_SHOT=True),
-        expected=Expected(notifies=ranks, waits=ranks + 1, barriers=ranks + (ranks + 1) + 1))
+        expected=Expected(notifies=notifies, waits=ranks + 1,
+                          barriers=notifies + (ranks + 1) + 1))
     return [ag, rs, ar, two_shot]
 
 

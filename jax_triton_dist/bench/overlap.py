@@ -105,7 +105,7 @@ def _fused_job(op: str, world: int, form: str) -> dict[str, Any]:
     num_tiles = triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
     return dict(kernel=matmul_all_reduce_kernel, inputs=lambda c, r: [x, w],
                 outputs=[((m, n), BF16)],
-                workspaces=[((2, world, m, n), PARTIALS), ((2, world, num_tiles), np.int32),
+                workspaces=[((2, world, m, n), PARTIALS), ((2, 2, world, num_tiles), np.int32),
                             *NO_STREAM_K],
                 symmetric=[], kwargs=dict(M=m, N=n, K=k, stride_am=k, stride_ak=1,
                                           stride_bk=n, stride_bn=1, **common))

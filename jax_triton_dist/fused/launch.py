@@ -98,6 +98,10 @@ def _tuned(kernel, m: int, n: int, k: int, copies: int, tma: bool = True,
     (``autotune(check=True)``)."""
     configs = tiles.gemm_configs(m, n, k, copies, tma=tma, stream_k=STREAM_K,
                                  tma_store=tma_store, flatten=flatten)
+    clash = {key for c in configs for form in forms for key in c.keys() & form.keys()}
+    if clash:  # a form would silently replace the config's value
+        raise ValueError(f"{kernel.fn.__name__}: GEMM configs set {sorted(clash)}, which the "
+                         f"kernel's forms {list(forms)} set")
     return autotune.autotune([autotune.Config.from_table(dict(c, **form))
                               for form in forms for c in configs], check=True)(kernel)
 
@@ -194,7 +198,7 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
                forms=_all_reduce_forms(size, m * n * x.dtype.itemsize)), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         workspace=lambda meta: [Workspace((2, size, m, n), partial_dtype(x.dtype)),
-                                Workspace((2, size, num_tiles(meta)), jnp.int32),
+                                Workspace((2, 2, size, num_tiles(meta)), jnp.int32),
                                 *_stream_k_workspaces(meta, num_tiles(meta))],
         grid=_grid(num_tiles), axis_name=axes, axis_index_groups=groups,
         M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=stride_wk, stride_bn=stride_wn,
