@@ -133,10 +133,10 @@ def _measure(variant: str, ranks: list[int], iters: int) -> list[dict]:
     from jax_triton_dist.bench.overlap import (
         BF16,
         NO_STREAM_K,
-        PARTIALS,
         SHAPES,
         _bf16,
     )
+    from jax_triton_dist.fused.launch import reduce_scatter_exchange
     from jax_triton_dist.kernels.gemm import matmul_kernel
     from jax_triton_dist.kernels.gemm_collectives import matmul_reduce_scatter_kernel
 
@@ -153,7 +153,7 @@ def _measure(variant: str, ranks: list[int], iters: int) -> list[dict]:
             fused = one_gpu.time_ranks(
                 matmul_reduce_scatter_kernel, world, inputs=lambda c, r: [x, w, bias],
                 outputs=[((seg, n), BF16)],
-                workspaces=[((2, world, seg, n), PARTIALS), ((2, world, per_segment), np.int32),
+                workspaces=[*reduce_scatter_exchange(world, seg, n, per_segment, BF16),
                             *NO_STREAM_K],
                 grid=(programs,), calls=iters, num_warps=warps, num_stages=stages,
                 kwargs=dict(seg=seg, N=n, K=k, R=seg, stride_wk=n, stride_wn=1,

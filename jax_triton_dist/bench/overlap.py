@@ -39,7 +39,7 @@ import numpy as np
 import triton
 
 from jax_triton_dist import autotune, one_gpu, tiles
-from jax_triton_dist.fused.launch import partial_dtype
+from jax_triton_dist.fused.launch import all_reduce_exchange, reduce_scatter_exchange
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.gemm import matmul_kernel
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
@@ -68,7 +68,6 @@ FORMS = {"all_gather_matmul": {"": {}},
 NO_STREAM_K = [((1,), np.float32), ((1,), np.int32)]
 
 BF16 = np.dtype(jnp.bfloat16)
-PARTIALS = np.dtype(partial_dtype(jnp.bfloat16))  # what the ops exchange
 
 
 def _bf16(rng, shape, scale=1.0):
@@ -97,16 +96,15 @@ def _fused_job(op: str, world: int, form: str) -> dict[str, Any]:
         per_segment = triton.cdiv(seg, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
         return dict(kernel=matmul_reduce_scatter_kernel, inputs=lambda c, r: [x, w, bias],
                     outputs=[((seg, n), BF16)],
-                    workspaces=[((2, world, seg, n), PARTIALS),
-                                ((2, world, per_segment), np.int32), *NO_STREAM_K],
+                    workspaces=[*reduce_scatter_exchange(world, seg, n, per_segment, BF16),
+                                *NO_STREAM_K],
                     symmetric=[], kwargs=dict(seg=seg, N=n, K=k, R=seg, stride_wk=n,
                                               stride_wn=1, **common))
     x, w = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5)
     num_tiles = triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
     return dict(kernel=matmul_all_reduce_kernel, inputs=lambda c, r: [x, w],
                 outputs=[((m, n), BF16)],
-                workspaces=[((2, world, m, n), PARTIALS), ((2, 2, world, num_tiles), np.int32),
-                            *NO_STREAM_K],
+                workspaces=[*all_reduce_exchange(world, m, n, num_tiles, BF16), *NO_STREAM_K],
                 symmetric=[], kwargs=dict(M=m, N=n, K=k, stride_am=k, stride_ak=1,
                                           stride_bk=n, stride_bn=1, **common))
 
@@ -161,10 +159,11 @@ def _tuned_job(op: str, world: int, form: str) -> dict[str, Any]:
     job = _autotuned(_fused_job(op, world, form), op, world)
     if op != "all_gather_matmul":  # partial slots and flags of one rank's rows' tiles
         rows, n = _local_rows(op, world), SHAPES[op][1]
+        exchange = (all_reduce_exchange if op == "matmul_all_reduce"
+                    else reduce_scatter_exchange)
         job["workspaces"] = lambda meta: [
-            ((2, world, rows, n), PARTIALS),
-            ((2, world, triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),
-             np.int32), *NO_STREAM_K]
+            *exchange(world, rows, n, triton.cdiv(rows, meta["BLOCK_M"])
+                      * triton.cdiv(n, meta["BLOCK_N"]), BF16), *NO_STREAM_K]
     return job
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import triton
 
 from jax_triton_dist import autotune, tiles
@@ -67,6 +68,25 @@ def partial_dtype(dtype) -> jnp.dtype:
 
 
 STREAM_K = False  # whether the ops tune over their kernels' stream-K forms (see above)
+
+
+def reduce_scatter_exchange(size: int, seg: int, n: int, tiles_per_segment: int,
+                            dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """GEMM+RS's symmetric workspaces (``kernels/gemm_collectives.py``) as ``(shape,
+    dtype)``, each in two halves by epoch parity: the partials' slots ``[2, ranks, seg,
+    n]`` (:func:`partial_dtype` of the output's ``dtype``) and the flags ``[2, ranks,
+    tiles of a segment]``."""
+    return [((2, size, seg, n), partial_dtype(dtype)),
+            ((2, size, tiles_per_segment), np.dtype(np.int32))]
+
+
+def all_reduce_exchange(size: int, m: int, n: int, tiles: int,
+                        dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """GEMM+AR's symmetric workspaces (``kernels/gemm_allreduce.py``) as ``(shape,
+    dtype)``, each in two halves by epoch parity: the slots ``[2, ranks, m, n]``
+    (:func:`partial_dtype`) and the flags ``[2, 2, ranks, tiles]`` (an area for the
+    partials, one for the two-shot exchange's sums)."""
+    return [((2, size, m, n), partial_dtype(dtype)), ((2, 2, size, tiles), np.dtype(np.int32))]
 
 # GEMM+AR's exchanges (``kernels/gemm_allreduce.py``), each tuned with every GEMM config
 # where the team has more than one rank: one-shot (every rank sums every tile) and
@@ -172,9 +192,10 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
                tma_store=size == 1 and batch == 1, flatten=batch == 1),
         x.reshape(batch * rows, k), w,
         epilogue.pop("bias"), out_shape=jax.ShapeDtypeStruct((seg, n), x.dtype),
-        workspace=lambda meta: [Workspace((2, size, seg, n), partial_dtype(x.dtype)),
-                                Workspace((2, size, per_segment(meta)), jnp.int32),
-                                *_stream_k_workspaces(meta, size * per_segment(meta))],
+        workspace=lambda meta: [
+            *(Workspace(*w) for w in reduce_scatter_exchange(size, seg, n, per_segment(meta),
+                                                              x.dtype)),
+            *_stream_k_workspaces(meta, size * per_segment(meta))],
         grid=_grid(lambda meta: size * per_segment(meta)), axis_name=axes,
         axis_index_groups=groups, seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk,
         stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk,
@@ -197,9 +218,10 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, *, axes, groups, size: int,
         _tuned(matmul_all_reduce_kernel, m, n, k, 1, tma_store=size == 1, flatten=size == 1,
                forms=_all_reduce_forms(size, m * n * x.dtype.itemsize)), x.reshape(m, k), w,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        workspace=lambda meta: [Workspace((2, size, m, n), partial_dtype(x.dtype)),
-                                Workspace((2, 2, size, num_tiles(meta)), jnp.int32),
-                                *_stream_k_workspaces(meta, num_tiles(meta))],
+        workspace=lambda meta: [
+            *(Workspace(*w) for w in all_reduce_exchange(size, m, n, num_tiles(meta),
+                                                          x.dtype)),
+            *_stream_k_workspaces(meta, num_tiles(meta))],
         grid=_grid(num_tiles), axis_name=axes, axis_index_groups=groups,
         M=m, N=n, K=k, stride_am=k, stride_ak=1, stride_bk=stride_wk, stride_bn=stride_wn,
         B_NK=w_nk,
