@@ -3,6 +3,7 @@
 import itertools
 import json
 
+import numpy as np
 import pytest
 
 from jax_triton_dist.bench import __main__ as bench
@@ -155,6 +156,7 @@ def test_overlap_fused_fails_only_failing_rows_and_stops_on_a_stuck_gpu(monkeypa
         return 2.0 if name == "matmul_kernel" else 2.2
 
     monkeypatch.setattr(overlap, "_time", time)
+    monkeypatch.setattr(overlap, "_relative_error", lambda job, *args: 1e-3)
     monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
     rows = overlap.fused([2], 1)
     assert [(r["op"], r["form"]) for r in rows] == [
@@ -180,12 +182,55 @@ def test_overlap_fused_part_runs_the_chosen_ops_only(monkeypatch):
     from jax_triton_dist.bench import overlap
 
     monkeypatch.setattr(overlap, "_time", lambda job, world, programs, iters, num_warps=None: 1.0)
+    monkeypatch.setattr(overlap, "_relative_error", lambda job, *args: 1e-3)
     monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
     rows = overlap.fused([2], 1, ("matmul_all_reduce", "all_gather_matmul"))
     assert [r["op"] for r in rows] == ["all_gather_matmul"] + ["matmul_all_reduce"] * len(
         overlap.FORMS["matmul_all_reduce"])
     with pytest.raises(ValueError, match="unknown fused op.*'matmul_all_gather'.*expected"):
         overlap.waits([2], ("matmul_all_gather",))
+
+
+def test_overlap_fused_reports_a_wrong_result_as_an_error(monkeypatch, capsys):
+    """The fused part checks each fused kernel's results before timing it: a kernel whose
+    result is off (here the tuned two-shot GEMM+AR's; NaN counts as off) gets an error
+    naming the relative error, the others their error in ``rel_err``."""
+    from jax_triton_dist.bench import overlap
+
+    def relative_error(job, op, world, programs, num_warps=None):
+        wrong = job["kwargs"].get("TWO_SHOT") and num_warps is None
+        return float("nan") if wrong else 4e-3
+
+    monkeypatch.setattr(overlap, "_time", lambda job, world, programs, iters, num_warps=None: 1.0)
+    monkeypatch.setattr(overlap, "_relative_error", relative_error)
+    monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
+    rows = overlap.fused([2], 1, ("matmul_all_reduce",))
+    one, two = rows
+    assert "error" not in one and one["rel_err"] == 4e-3
+    assert two["error"] == f"wrong result: tuned relative error nan > {overlap.TOLERANCE}"
+    assert "relative error 4.0e-03" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter",
+                                "matmul_all_reduce"])
+def test_overlap_reference_is_every_ranks_result(op):
+    """What the fused part checks each rank's result against: the gathered shards' product
+    (AG+GEMM), the rank's segment of the sum over ranks (GEMM+RS), the sum (GEMM+AR), every
+    rank's inputs being the same — here against sums and concatenations written out."""
+    from jax_triton_dist.bench import overlap
+
+    world, rng = 4, np.random.default_rng(7)
+    x, w = rng.standard_normal((8, 6)), rng.standard_normal((6, 5))
+    want = overlap._reference(op, world, {"inputs": lambda c, r: [x, w]})
+    if op == "all_gather_matmul":
+        expected = [np.concatenate([x] * world) @ w] * world
+    else:
+        total = sum(x @ w for _ in range(world))
+        expected = ([total[2 * r:2 * r + 2] for r in range(world)]
+                    if op == "matmul_reduce_scatter" else [total] * world)
+    assert len(want) == world
+    for got, exp in zip(want, expected, strict=True):
+        np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
 
 
 def test_timeline_summary_skips_an_epoch_whose_events_were_dropped():

@@ -17,6 +17,10 @@ and GEMM may settle on different tiles, so the tuned ratio compares the best of 
 Times are makespans: from the moment the ranks are released together (``one_gpu``'s
 gate, opened once every rank's launch is enqueued) to the last rank's end.
 GEMM+AR runs in both its exchanges (:data:`FORMS`: one-shot and two-shot), a row each.
+Before it is timed, each fused kernel (fixed and tuned) runs two calls whose every rank's
+result is checked against the float32 product (:func:`_relative_error`): a row whose
+kernel computes a wrong result says so (under ``error``), so that no time of a wrong
+kernel passes for a time.
 
 The *waits* part splits that ratio (``--parts waits``): one call of each fused op and of
 the GEMM alone (fixed tiles) run inside ``jtd.timeline.record``, and the programs' own
@@ -167,6 +171,39 @@ def _tuned_job(op: str, world: int, form: str) -> dict[str, Any]:
     return job
 
 
+# Relative error (Frobenius, per rank) a bfloat16 result may have against the float32
+# product: its rounding (2^-9 relative) and the partials' (rounded once to bfloat16 each)
+TOLERANCE = 2e-2
+
+
+def _reference(op: str, world: int, job: dict[str, Any]) -> list[np.ndarray]:
+    """Each rank's expected result of the fused ``job`` in float32 (every rank's inputs
+    are the same arrays: a gathered shard repeats, a sum over ranks is ``world`` times the
+    rank's product)."""
+    x, w = (a.astype(np.float32) for a in job["inputs"](0, 0)[:2])
+    product = x @ w
+    if op == "all_gather_matmul":
+        return [np.tile(product, (world, 1))] * world
+    total = world * product
+    if op == "matmul_reduce_scatter":
+        seg = total.shape[0] // world
+        return [total[r * seg:(r + 1) * seg] for r in range(world)]
+    return [total] * world
+
+
+def _relative_error(job: dict[str, Any], op: str, world: int, programs: int,
+                    num_warps: int | None = None) -> float:
+    """The largest relative error, over ranks and two back-to-back calls (the second in
+    the other epoch half of the workspaces), of ``job``'s results against
+    :func:`_reference`. Leaves ``job`` as it was."""
+    want = _reference(op, world, job)
+    rest = {key: value for key, value in job.items() if key != "kernel"}
+    out = one_gpu.run_ranks(job["kernel"], world, grid=(programs,), calls=2,
+                            num_warps=num_warps, **rest)
+    return max(float(np.linalg.norm(out[c][r][0].astype(np.float32) - want[r])
+                     / np.linalg.norm(want[r])) for c in range(2) for r in range(world))
+
+
 def _time(job: dict[str, Any], world: int, programs: int, iters: int,
           num_warps: int | None = None) -> float:
     kernel = job.pop("kernel")
@@ -194,15 +231,22 @@ def fused(worlds: list[int], iters: int, ops: tuple[str, ...] = tuple(SHAPES)
                 if isinstance(timed, str):
                     row["error"] = timed
                 else:
-                    (gemm_s, gemm_tuned_s), (fused_s, tuned_s) = gemm, timed
+                    (gemm_s, gemm_tuned_s), (fused_s, tuned_s), errors = gemm, *timed
                     row.update({"fused_us": fused_s * 1e6, "gemm_us": gemm_s * 1e6,
                                 "ratio": fused_s / gemm_s, "tuned_us": tuned_s * 1e6,
                                 "gemm_tuned_us": gemm_tuned_s * 1e6,
-                                "tuned_ratio": tuned_s / gemm_tuned_s})
+                                "tuned_ratio": tuned_s / gemm_tuned_s,
+                                "rel_err": max(errors)})
+                    wrong = [f"{which} relative error {e:.2e} > {TOLERANCE}"
+                             for which, e in zip(("table", "tuned"), errors, strict=True)
+                             if not e <= TOLERANCE]
+                    if wrong:
+                        row["error"] = "wrong result: " + "; ".join(wrong)
                 rows.append(row)
                 print(f"fused: {op} {form} at {world} ranks: "
                       + (f"error: {row['error']}" if "error" in row else
-                         f"tuned/GEMM tuned {row['tuned_ratio']:.3f}"), flush=True)
+                         f"tuned/GEMM tuned {row['tuned_ratio']:.3f} "
+                         f"(relative error {row['rel_err']:.1e})"), flush=True)
     return rows
 
 
@@ -213,10 +257,14 @@ def _gemm_times(op: str, world: int, programs: int, iters: int) -> tuple[float, 
 
 
 def _fused_times(op: str, world: int, form: str, programs: int,
-                 iters: int) -> tuple[float, float]:
-    """Seconds of the fused op: the fixed table's tile, and tuned."""
-    return (_time(_fused_job(op, world, form), world, programs, iters, WARPS[op]),
-            _time(_tuned_job(op, world, form), world, programs, iters))
+                 iters: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Seconds of the fused op, the fixed table's tile and tuned, and the relative errors
+    of their results (:func:`_relative_error`, checked first)."""
+    table, tuned = _fused_job(op, world, form), _tuned_job(op, world, form)
+    errors = (_relative_error(table, op, world, programs, WARPS[op]),
+              _relative_error(tuned, op, world, programs))
+    return ((_time(table, world, programs, iters, WARPS[op]),
+             _time(tuned, world, programs, iters)), errors)
 
 
 def _attempt(timings: Callable[..., Any], *args: Any) -> Any:
@@ -427,7 +475,8 @@ COLUMNS = {
               ("programs", "programs", "d"), ("fused_us", "table us", ".1f"),
               ("gemm_us", "GEMM table us", ".1f"), ("ratio", "table/GEMM", ".3f"),
               ("tuned_us", "tuned us", ".1f"), ("gemm_tuned_us", "GEMM tuned us", ".1f"),
-              ("tuned_ratio", "tuned/GEMM tuned", ".3f"), ("error", "error", "")],
+              ("tuned_ratio", "tuned/GEMM tuned", ".3f"), ("rel_err", "rel. error", ".1e"),
+              ("error", "error", "")],
     "waits": [("op", "op", ""), ("form", "form", ""), ("ranks", "ranks", "d"),
               ("span_us", "span us", ".1f"),
               ("gemm_span_us", "GEMM span us", ".1f"), ("skew_us", "skew us", ".1f"),
