@@ -69,7 +69,7 @@ def test_gemm_benchmark_never_chooses_a_config_with_a_wrong_product(monkeypatch,
     from jax_triton_dist.bench import gemm
 
     errors = iter([1e-6, 0.9, 1e-6, 1e-6])
-    monkeypatch.setattr(gemm, "_relative_error", lambda out, ref: next(errors))
+    monkeypatch.setattr(gemm, "relative_error", lambda out, ref: next(errors))
     (row,) = gemm.run([(32, 48, 16)], iters=1, dtype="float32", platform="cpu",
                       only=["persistent TMA flattened", "split-K 2"])
     wrong = row["configs"][1]["config"]
@@ -156,7 +156,8 @@ def test_overlap_fused_fails_only_failing_rows_and_stops_on_a_stuck_gpu(monkeypa
         return 2.0 if name == "matmul_kernel" else 2.2
 
     monkeypatch.setattr(overlap, "_time", time)
-    monkeypatch.setattr(overlap, "_relative_error", lambda job, *args: 1e-3)
+    monkeypatch.setattr(overlap, "_reference", lambda op, world, job: [])
+    monkeypatch.setattr(overlap, "_largest_error", lambda job, *args: 1e-3)
     monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
     rows = overlap.fused([2], 1)
     assert [(r["op"], r["form"]) for r in rows] == [
@@ -182,7 +183,8 @@ def test_overlap_fused_part_runs_the_chosen_ops_only(monkeypatch):
     from jax_triton_dist.bench import overlap
 
     monkeypatch.setattr(overlap, "_time", lambda job, world, programs, iters, num_warps=None: 1.0)
-    monkeypatch.setattr(overlap, "_relative_error", lambda job, *args: 1e-3)
+    monkeypatch.setattr(overlap, "_reference", lambda op, world, job: [])
+    monkeypatch.setattr(overlap, "_largest_error", lambda job, *args: 1e-3)
     monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
     rows = overlap.fused([2], 1, ("matmul_all_reduce", "all_gather_matmul"))
     assert [r["op"] for r in rows] == ["all_gather_matmul"] + ["matmul_all_reduce"] * len(
@@ -197,18 +199,38 @@ def test_overlap_fused_reports_a_wrong_result_as_an_error(monkeypatch, capsys):
     naming the relative error, the others their error in ``rel_err``."""
     from jax_triton_dist.bench import overlap
 
-    def relative_error(job, op, world, programs, num_warps=None):
+    def largest_error(job, want, world, programs, num_warps=None):
         wrong = job["kwargs"].get("TWO_SHOT") and num_warps is None
         return float("nan") if wrong else 4e-3
 
     monkeypatch.setattr(overlap, "_time", lambda job, world, programs, iters, num_warps=None: 1.0)
-    monkeypatch.setattr(overlap, "_relative_error", relative_error)
+    monkeypatch.setattr(overlap, "_reference", lambda op, world, job: [])
+    monkeypatch.setattr(overlap, "_largest_error", largest_error)
     monkeypatch.setattr(overlap.tiles, "fill_programs", lambda: 8)
     rows = overlap.fused([2], 1, ("matmul_all_reduce",))
     one, two = rows
     assert "error" not in one and one["rel_err"] == 4e-3
     assert two["error"] == f"wrong result: tuned relative error nan > {overlap.TOLERANCE}"
     assert "relative error 4.0e-03" in capsys.readouterr().out
+
+
+def test_relative_error_against_sums_of_squares():
+    """The suites' error measure: Frobenius norms in float32 (bfloat16 results too), here
+    against the sums of squares written out; a NaN in the result gives NaN, which no
+    ``error <= bound`` check lets through."""
+    import jax.numpy as jnp
+
+    from jax_triton_dist.bench.accuracy import relative_error
+
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((16, 24))
+    out = (ref + 1e-2 * rng.standard_normal(ref.shape)).astype(jnp.bfloat16)
+    diff = np.asarray(out, np.float64) - ref
+    want = np.sqrt((diff ** 2).sum() / (ref ** 2).sum())
+    assert relative_error(out, ref) == pytest.approx(want, rel=1e-4)
+    out = np.asarray(out, np.float32)
+    out[3, 5] = np.nan
+    assert np.isnan(relative_error(out, ref))
 
 
 @pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter",

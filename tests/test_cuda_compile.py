@@ -4,6 +4,11 @@ Checks the compiled lowering of the ``dl`` primitives in the PTX: the rank conte
 release signals, acquire waits with a watchdog.
 """
 
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -265,7 +270,6 @@ def _ptxas_usage(ptx: str) -> tuple[int, int]:
     """``(registers a thread, bytes of spill stores)`` ptxas reports for the PTX (Triton's
     own ptxas, for sm_90a)."""
     import re
-    import subprocess
     import tempfile
 
     from triton import knobs
@@ -325,20 +329,25 @@ print("compiled")
 """
 
 
+_SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _ablation_variants() -> tuple[str, ...]:
+    """``scripts/rs_ablation.py``'s variants (loading the script patches nothing)."""
+    spec = importlib.util.spec_from_file_location("rs_ablation", _SCRIPTS / "rs_ablation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.VARIANTS
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["as-is", "gpu-flags", "no-flags", "no-reads",
-                                     "serial-reads"])
+@pytest.mark.parametrize("variant", _ablation_variants())
 def test_rs_ablation_variants_compile_for_sm90(variant, tmp_path):
     """``scripts/rs_ablation.py`` replaces GEMM+RS's exchange helpers with its own; each of
     its variants still compiles for sm_90a in both its configs (a helper whose signature
     changed would break the script only on the GPU machine otherwise). A process each:
     the replacements are global; run outside the source tree, whose unbuilt package would
     shadow the installed one."""
-    import pathlib
-    import subprocess
-    import sys
-
-    scripts = pathlib.Path(__file__).resolve().parent.parent / "scripts"
-    run = subprocess.run([sys.executable, "-c", _ABLATION_COMPILE, str(scripts), variant],
+    run = subprocess.run([sys.executable, "-c", _ABLATION_COMPILE, str(_SCRIPTS), variant],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]

@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 import jax_triton_dist as jtd
 from jax_triton_dist import tiles
 from jax_triton_dist.bench import device_time
+from jax_triton_dist.bench.accuracy import relative_error
 from jax_triton_dist.kernels.gemm import (
     matmul_kernel,
     matmul_split_k_kernel,
@@ -141,11 +142,6 @@ def cublas_seconds(m: int, n: int, k: int, dtype: str, iters: int) -> float | No
         return None
 
 
-def _relative_error(out, ref) -> float:
-    out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-
-
 # A config whose result is this far from the float32 reference (relative Frobenius error)
 # computed a wrong product: it is reported, never chosen. Right ones are ~2e-3 in bf16.
 WRONG = 1e-2
@@ -182,7 +178,7 @@ def run(shapes: list[tuple[int, int, int]], iters: int, dtype: str = "bfloat16",
                 print(f"  {m}x{n}x{k} {describe(config)}: {type(error).__name__}: "
                       f"{str(error)[:300]}")
                 continue
-            timed.append((seconds, config, _relative_error(f(a, b), ref)))
+            timed.append((seconds, config, relative_error(f(a, b), ref)))
             if timed[-1][2] >= WRONG:
                 print(f"  {m}x{n}x{k} {describe(config)}: WRONG RESULT (relative error "
                       f"{timed[-1][2]:.2g}): left out of the best")

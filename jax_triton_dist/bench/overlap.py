@@ -18,7 +18,7 @@ Times are makespans: from the moment the ranks are released together (``one_gpu`
 gate, opened once every rank's launch is enqueued) to the last rank's end.
 GEMM+AR runs in both its exchanges (:data:`FORMS`: one-shot and two-shot), a row each.
 Before it is timed, each fused kernel (fixed and tuned) runs two calls whose every rank's
-result is checked against the float32 product (:func:`_relative_error`): a row whose
+result is checked against the float32 product (:func:`_largest_error`): a row whose
 kernel computes a wrong result says so (under ``error``), so that no time of a wrong
 kernel passes for a time.
 
@@ -43,6 +43,7 @@ import numpy as np
 import triton
 
 from jax_triton_dist import autotune, one_gpu, tiles
+from jax_triton_dist.bench.accuracy import relative_error
 from jax_triton_dist.fused.launch import all_reduce_exchange, reduce_scatter_exchange
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.gemm import matmul_kernel
@@ -191,17 +192,15 @@ def _reference(op: str, world: int, job: dict[str, Any]) -> list[np.ndarray]:
     return [total] * world
 
 
-def _relative_error(job: dict[str, Any], op: str, world: int, programs: int,
-                    num_warps: int | None = None) -> float:
-    """The largest relative error, over ranks and two back-to-back calls (the second in
-    the other epoch half of the workspaces), of ``job``'s results against
-    :func:`_reference`. Leaves ``job`` as it was."""
-    want = _reference(op, world, job)
+def _largest_error(job: dict[str, Any], want: list[np.ndarray], world: int, programs: int,
+                   num_warps: int | None = None) -> float:
+    """The largest relative error (``bench.accuracy``), over ranks and two back-to-back
+    calls (the second in the other epoch half of the workspaces), of ``job``'s results
+    against ``want`` (:func:`_reference`, a result per rank). Leaves ``job`` as it was."""
     rest = {key: value for key, value in job.items() if key != "kernel"}
     out = one_gpu.run_ranks(job["kernel"], world, grid=(programs,), calls=2,
                             num_warps=num_warps, **rest)
-    return max(float(np.linalg.norm(out[c][r][0].astype(np.float32) - want[r])
-                     / np.linalg.norm(want[r])) for c in range(2) for r in range(world))
+    return max(relative_error(out[c][r][0], want[r]) for c in range(2) for r in range(world))
 
 
 def _time(job: dict[str, Any], world: int, programs: int, iters: int,
@@ -259,10 +258,12 @@ def _gemm_times(op: str, world: int, programs: int, iters: int) -> tuple[float, 
 def _fused_times(op: str, world: int, form: str, programs: int,
                  iters: int) -> tuple[tuple[float, float], tuple[float, float]]:
     """Seconds of the fused op, the fixed table's tile and tuned, and the relative errors
-    of their results (:func:`_relative_error`, checked first)."""
+    of their results (:func:`_largest_error`, checked first; both jobs have the same
+    inputs, so one reference serves both)."""
     table, tuned = _fused_job(op, world, form), _tuned_job(op, world, form)
-    errors = (_relative_error(table, op, world, programs, WARPS[op]),
-              _relative_error(tuned, op, world, programs))
+    want = _reference(op, world, table)
+    errors = (_largest_error(table, want, world, programs, WARPS[op]),
+              _largest_error(tuned, want, world, programs))
     return ((_time(table, world, programs, iters, WARPS[op]),
              _time(tuned, world, programs, iters)), errors)
 

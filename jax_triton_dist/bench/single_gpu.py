@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_triton_dist as jtd
 from jax_triton_dist.bench import device_time, gemm, timing
+from jax_triton_dist.bench.accuracy import relative_error
 from jax_triton_dist.runtime import cuda_compile, cuda_dispatch, cuda_driver
 from jax_triton_dist.shmem import heap
 from jax_triton_dist.tiles import gemm_configs
@@ -206,8 +207,7 @@ def fused_overhead(device, iters: int, shapes=None, layouts=LAYOUTS) -> list[dic
                     finally:
                         restore()
                 out = f(x, weight).reshape(m, n)
-                err = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
-                            / jnp.linalg.norm(ref))
+                err = relative_error(out, ref)
                 rows.append({"bench": "fused", "op": name, "shape": f"{m}x{n}x{k}",
                              "layout": layout, "ours_us": times["gpu"] * 1e6,
                              "table_us": times["off"] * 1e6, "tile_us": tile_s * 1e6,
