@@ -335,6 +335,19 @@ def test_agmm_mmrs_errors():
         trace(jtd.all_gather_matmul, jnp.ones((4, 8)), jnp.ones((6, 4)))
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_exchange_workspaces_hold_both_epoch_halves(dtype):
+    """GEMM+RS's and GEMM+AR's symmetric workspaces, as the kernels index them: slots of
+    every rank's partial in the output's type, per-epoch flags per rank and tile
+    (GEMM+AR: an area for the partials and one for the two-shot sums), twice."""
+    from jax_triton_dist.fused import launch
+
+    assert launch.reduce_scatter_exchange(4, 24, 40, 6, dtype) == [
+        ((2, 4, 24, 40), jnp.dtype(dtype)), ((2, 4, 6), jnp.dtype(jnp.int32))]
+    assert launch.all_reduce_exchange(3, 16, 56, 7, dtype) == [
+        ((2, 3, 16, 56), jnp.dtype(dtype)), ((2, 2, 3, 7), jnp.dtype(jnp.int32))]
+
+
 def test_a_config_that_sets_a_form_constexpr_is_refused(monkeypatch):
     """A GEMM config that sets what one of the kernel's forms sets (GEMM+AR's exchange)
     would be silently overridden by the form: refused, naming both."""
