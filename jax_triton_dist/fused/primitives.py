@@ -188,6 +188,15 @@ def _batched_kn(w, d, w_nk):
     return jnp.swapaxes(w, 1, 2) if w_nk else w
 
 
+def _batched_product(x, w, dx, dw, w_nk):
+    """Both operands batched (at ``dx``, ``dw``): the float32 products ``[B, ..., N]``, the
+    batch first; the partials a batched reduction then sums."""
+    x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
+    flat = x.reshape(x.shape[0], -1, x.shape[-1])
+    product = jnp.matmul(flat, w, preferred_element_type=jnp.float32)
+    return product.reshape(x.shape[:-1] + (-1,))
+
+
 def _all_gather_matmul_batch(args, dims, *, axes, groups, size, w_nk, axis):
     (x, w), (dx, dw) = args, dims
     params = dict(axes=axes, groups=groups, size=size)
@@ -208,12 +217,8 @@ def _matmul_reduce_scatter_batch(args, dims, *, axes, groups, size, w_nk, axis):
     (x, w), (dx, dw) = args, dims
     params = dict(axes=axes, groups=groups, size=size)
     if dx is not None and dw is not None:
-        x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
-        flat = x.reshape(x.shape[0], -1, x.shape[-1])
-        product = jnp.matmul(flat, w, preferred_element_type=jnp.float32)
-        product = product.reshape(x.shape[:-1] + (-1,))
-        out = collective.bind_reduce_scatter(product, dim=axis + 1, tiled=True, op="sum",
-                                             **params)
+        out = collective.bind_reduce_scatter(_batched_product(x, w, dx, dw, w_nk),
+                                             dim=axis + 1, tiled=True, op="sum", **params)
         return out.astype(x.dtype), 0
     if dw is None:
         out = bind_matmul_reduce_scatter(jnp.moveaxis(x, dx, 0), w, w_nk=w_nk, axis=axis + 1,
@@ -228,10 +233,7 @@ def _matmul_all_reduce_batch(args, dims, *, axes, groups, size, invariant, w_nk)
     (x, w), (dx, dw) = args, dims
     params = dict(axes=axes, groups=groups, size=size)
     if dx is not None and dw is not None:
-        x, w = jnp.moveaxis(x, dx, 0), _batched_kn(w, dw, w_nk)
-        flat = x.reshape(x.shape[0], -1, x.shape[-1])
-        product = jnp.matmul(flat, w, preferred_element_type=jnp.float32)
-        out = collective.all_reduce_p.bind(product.reshape(x.shape[:-1] + (-1,)), op="sum",
+        out = collective.all_reduce_p.bind(_batched_product(x, w, dx, dw, w_nk), op="sum",
                                            method="auto", invariant=invariant, **params)
         return out.astype(x.dtype), 0
     if dw is None:
