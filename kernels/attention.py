@@ -50,6 +50,18 @@ def causal_key_rows(last_q, src, world, S, ZIGZAG: tl.constexpr):
 
 
 @triton.jit
+def query_rows(pid, S, H, KVH, BLOCK_M: tl.constexpr):
+    """Program ``pid``'s batch entry, query head, key/value head and query rows. The last
+    query block comes first: under a causal mask it has the most keys to visit, and the
+    lighter blocks then fill the device's tail."""
+    blocks_m = tl.cdiv(S, BLOCK_M)
+    bh = pid // blocks_m
+    h = bh % H
+    offs_m = (blocks_m - 1 - pid % blocks_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return bh // H, h, h // (H // KVH), offs_m
+
+
+@triton.jit
 def online_softmax_step(acc, m_i, l_i, qk, v):
     """One key block of online softmax: ``qk`` (base-2 scaled scores, ``-inf`` where
     masked) against values ``v``; returns the updated ``(acc, m_i, l_i)``."""
@@ -151,14 +163,7 @@ def sequence_parallel_attention_kernel(
     if pid == 0:
         notify_peers(flags + me, me, world, epoch)
 
-    blocks_m = tl.cdiv(S, BLOCK_M)
-    bh = pid // blocks_m
-    b = bh // H
-    h = bh % H
-    kvh = h // (H // KVH)
-    # last query block first: under a causal mask it has the most keys to visit, and the
-    # lighter blocks then fill the device's tail
-    offs_m = (blocks_m - 1 - pid % blocks_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b, h, kvh, offs_m = query_rows(pid, S, H, KVH, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = q_ptr + ((b * S + offs_m) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
     q = tl.load(q_rows, mask=(offs_m < S)[:, None], other=0.0)
@@ -349,14 +354,7 @@ def attention_bwd_dq_kernel(
     me = dl.rank()
     world = dl.num_ranks()
     SK = world * SQ
-    blocks_m = tl.cdiv(SQ, BLOCK_M)
-    bh = pid // blocks_m
-    b = bh // H
-    h = bh % H
-    kvh = h // (H // KVH)
-    # last query block first: under a causal mask it has the most keys to visit, and the
-    # lighter blocks then fill the device's tail
-    offs_m = (blocks_m - 1 - pid % blocks_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b, h, kvh, offs_m = query_rows(pid, SQ, H, KVH, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     valid_q = offs_m < SQ
     pos_q = sequence_position(offs_m, me, world, SQ, ZIGZAG)
