@@ -199,11 +199,12 @@ def _program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
         if TWO_SHOT:
             sums = flags + world * num_tiles
             notify_peers(sums + me * num_tiles + first, me, world, epoch)
+            wait_tile(sums, me, world, first, num_tiles, epoch)  # once, not once a tile
             for tile in range(first, num_tiles, tl.num_programs(0)):
                 if tile % world != me:
                     pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
                     copy_sum_tile(c_ptr, slots, sums, tile % world, M, N, pid_m, pid_n, first,
-                                  num_tiles, epoch, BLOCK_M, BLOCK_N)
+                                  num_tiles, epoch, BLOCK_M, BLOCK_N, WAITED=True)
 
 
 @triton.jit

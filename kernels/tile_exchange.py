@@ -181,10 +181,13 @@ def sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols, pi
 
 @triton.jit
 def copy_sum_tile(c_ptr, slots, flags, owner, rows, cols, pid_m, pid_n, tile, num_tiles,
-                  epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
+                  epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2,
+                  WAITED: tl.constexpr = False):
     """Copies into ``C`` the sum of tile ``(pid_m, pid_n)`` that rank ``owner`` pushed into
     slot ``owner`` (:func:`sum_tile` with ``BROADCAST``), once flag ``(owner, tile)``
-    reaches ``epoch`` (``tile``: the index of the flag that covers the sum)."""
-    dl.wait(flags + owner * num_tiles + tile, 1, "sys", "acquire", epoch)
+    reaches ``epoch`` (``tile``: the index of the flag that covers the sum). ``WAITED``:
+    the caller has already acquired that flag."""
+    if not WAITED:
+        dl.wait(flags + owner * num_tiles + tile, 1, "sys", "acquire", epoch)
     _copy_tile(c_ptr, slots + owner * rows * cols, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N,
                SPLIT)
