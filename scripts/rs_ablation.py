@@ -45,7 +45,8 @@ from jax_triton_dist.kernels.tile_exchange import sum_own_tile as shipped_sum_ow
 
 VARIANTS = ("as-is", "gpu-flags", "no-flags", "no-reads", "serial-reads")
 # The proxy's fixed tile (pointer loads) and the tuner's usual choice for this op (tensor
-# descriptors, tile and K loops flattened, own tiles summed through a descriptor)
+# descriptors, tile and K loops flattened); both sum their own tiles as the op does
+# (``fused.launch.reduce_scatter_sums_tma``: through the slots' descriptor here)
 CONFIGS = {
     "table": ({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, 8, 3),
     "tma-flat": ({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
@@ -136,7 +137,7 @@ def _measure(variant: str, ranks: list[int], iters: int) -> list[dict]:
         SHAPES,
         _bf16,
     )
-    from jax_triton_dist.fused.launch import reduce_scatter_exchange
+    from jax_triton_dist.fused.launch import reduce_scatter_exchange, reduce_scatter_sums_tma
     from jax_triton_dist.kernels.gemm import matmul_kernel
     from jax_triton_dist.kernels.gemm_collectives import matmul_reduce_scatter_kernel
 
@@ -149,7 +150,6 @@ def _measure(variant: str, ranks: list[int], iters: int) -> list[dict]:
             programs = max(1, tiles.fill_programs() // world)
             seg = m // world
             per_segment = triton.cdiv(seg, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
-            sum_tma = world > 1 and config.get("USE_TMA", False)
             fused = one_gpu.time_ranks(
                 matmul_reduce_scatter_kernel, world, inputs=lambda c, r: [x, w, bias],
                 outputs=[((seg, n), BF16)],
@@ -157,7 +157,8 @@ def _measure(variant: str, ranks: list[int], iters: int) -> list[dict]:
                             *NO_STREAM_K],
                 grid=(programs,), calls=iters, num_warps=warps, num_stages=stages,
                 kwargs=dict(seg=seg, N=n, K=k, R=seg, stride_wk=n, stride_wn=1,
-                            PERSISTENT=True, SUM_TMA=sum_tma, **config))
+                            PERSISTENT=True,
+                            SUM_TMA=reduce_scatter_sums_tma(world, n, BF16), **config))
             row = {"variant": variant, "config": name, "ranks": world,
                    "fused_us": statistics.median(fused) * 1e6}
             if variant == "as-is":

@@ -44,7 +44,11 @@ import triton
 
 from jax_triton_dist import autotune, one_gpu, tiles
 from jax_triton_dist.bench.accuracy import relative_error
-from jax_triton_dist.fused.launch import all_reduce_exchange, reduce_scatter_exchange
+from jax_triton_dist.fused.launch import (
+    all_reduce_exchange,
+    reduce_scatter_exchange,
+    reduce_scatter_sums_tma,
+)
 from jax_triton_dist.kernels.exchange import push_exchange_kernel
 from jax_triton_dist.kernels.gemm import matmul_kernel
 from jax_triton_dist.kernels.gemm_allreduce import matmul_all_reduce_kernel
@@ -104,7 +108,9 @@ def _fused_job(op: str, world: int, form: str) -> dict[str, Any]:
                     workspaces=[*reduce_scatter_exchange(world, seg, n, per_segment, BF16),
                                 *NO_STREAM_K],
                     symmetric=[], kwargs=dict(seg=seg, N=n, K=k, R=seg, stride_wk=n,
-                                              stride_wn=1, **common))
+                                              stride_wn=1,
+                                              SUM_TMA=reduce_scatter_sums_tma(world, n, BF16),
+                                              **common))
     x, w = _bf16(rng, (m, k)), _bf16(rng, (k, n), k ** -0.5)
     num_tiles = triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])
     return dict(kernel=matmul_all_reduce_kernel, inputs=lambda c, r: [x, w],

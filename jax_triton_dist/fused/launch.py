@@ -80,6 +80,14 @@ def reduce_scatter_exchange(size: int, seg: int, n: int, tiles_per_segment: int,
             ((2, size, tiles_per_segment), np.dtype(np.int32))]
 
 
+def reduce_scatter_sums_tma(size: int, n: int, dtype) -> bool:
+    """Whether GEMM+RS sums its own segment's tiles reading the peers' partials through
+    the slots' tensor descriptor (its ``SUM_TMA``): with peers, where a slot row of ``n``
+    partials (:func:`partial_dtype` of ``dtype``) is a multiple of 16 bytes, as
+    descriptors need."""
+    return size > 1 and n * partial_dtype(dtype).itemsize % 16 == 0
+
+
 def all_reduce_exchange(size: int, m: int, n: int, tiles: int,
                         dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
     """GEMM+AR's symmetric workspaces (``kernels/gemm_allreduce.py``) as ``(shape,
@@ -199,7 +207,7 @@ def matmul_reduce_scatter(x: jax.Array, w: jax.Array, bias: jax.Array | None = N
         grid=_grid(lambda meta: size * per_segment(meta)), axis_name=axes,
         axis_index_groups=groups, seg=seg, N=n, K=k, R=per_rank, stride_wk=stride_wk,
         stride_wn=stride_wn, BATCHED=batch > 1, W_NK=w_nk,
-        SUM_TMA=size > 1 and n * partial_dtype(x.dtype).itemsize % 16 == 0, **epilogue,
+        SUM_TMA=reduce_scatter_sums_tma(size, n, x.dtype), **epilogue,
     ).reshape(out_shape)
 
 
