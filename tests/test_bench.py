@@ -312,6 +312,11 @@ def test_single_gpu_fused_part_runs_on_cpu(tmp_path, capsys):
     assert [r["layout"] for r in rows] == ["kn"] * 3 + ["nk"] * 3 + ["batched"] * 3
     for row in rows:
         assert row["ours_us"] > 0 and row["dot_us"] > 0 and row["rel_err"] < 2e-2
+    # each row is also printed as it is measured (a run cut off keeps what it measured)
+    progress = [line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("fused: ")]
+    assert len(progress) == len(rows)
+    assert progress[0].startswith("fused: all_gather_matmul 32x16x32 kn: tuned/dot ")
 
 
 def test_single_gpu_launch_part_needs_a_gpu():

@@ -214,6 +214,10 @@ def fused_overhead(device, iters: int, shapes=None, layouts=LAYOUTS) -> list[dic
                              "dot_us": dot_s * 1e6, "vs_dot": times["gpu"] / dot_s,
                              "table_vs_dot": times["off"] / dot_s,
                              "vs_tile": times["gpu"] / tile_s, "rel_err": err})
+                # a run cut off (a device call's limit) still leaves the rows it measured
+                print(f"fused: {name} {m}x{n}x{k} {layout}: tuned/dot {rows[-1]['vs_dot']:.3f}"
+                      f", table/dot {rows[-1]['table_vs_dot']:.3f}, tuned/tile "
+                      f"{rows[-1]['vs_tile']:.3f} (relative error {err:.1e})", flush=True)
     return rows
 
 
