@@ -20,6 +20,7 @@ from jax_triton_dist.kernels.gemm import (
     weight_descriptor,
 )
 from jax_triton_dist.kernels.tile_exchange import (
+    copy_owned_sums,
     copy_sum_tile,
     keep_tile,
     push_tile,
@@ -200,11 +201,8 @@ def _program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
             sums = flags + world * num_tiles
             notify_peers(sums + me * num_tiles + first, me, world, epoch)
             wait_tile(sums, me, world, first, num_tiles, epoch)  # once, not once a tile
-            for tile in range(first, num_tiles, tl.num_programs(0)):
-                if tile % world != me:
-                    pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-                    copy_sum_tile(c_ptr, slots, sums, tile % world, M, N, pid_m, pid_n, first,
-                                  num_tiles, epoch, BLOCK_M, BLOCK_N, WAITED=True)
+            copy_owned_sums(c_ptr, slots, me, world, M, N, first, tl.num_programs(0), BLOCK_M,
+                            BLOCK_N, GROUP_M)
 
 
 @triton.jit

@@ -20,6 +20,7 @@ import jax_triton_dist.language as dl
 from jax_triton_dist.kernels.epilogue import apply_epilogue
 from jax_triton_dist.kernels.exchange import notify_peers
 from jax_triton_dist.kernels.gemm import load_tile, store_tile
+from jax_triton_dist.swizzle import grouped_tile
 
 
 @triton.jit
@@ -66,13 +67,23 @@ def share_partial(acc, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, 
                   epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   NOTIFY: tl.constexpr = True):
     """Keeps ``acc`` (this rank's partial of the tile) in slot ``me`` (:func:`keep_tile`)
-    and copies it into slot ``me`` of every other rank, ``me + 1`` first
-    (:func:`forward_tile`; ``NOTIFY``: flag ``(me, tile)`` raised at each as its copy is
-    out, else the caller raises flags that cover the copies)."""
-    keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
-    for i in range(1, world):
-        forward_tile(slots, flags, (me + i) % world, me, rows, cols, pid_m, pid_n, tile,
-                     num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=NOTIFY)
+    and copies it into slot ``me`` of every other rank, ``me + 1`` first. ``NOTIFY``: each
+    copy read back from the own slot (:func:`forward_tile`, which holds no accumulator) and
+    flag ``(me, tile)`` raised at each as its copy is out. Without it (the caller raises
+    flags that cover the copies) the partial, rounded to the slots' type once, is stored
+    from registers into every slot: no read-back, whose loads, one after the other, left a
+    persistent GEMM+AR program waiting on memory for each peer of each tile."""
+    if NOTIFY:
+        keep_tile(acc, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
+        for i in range(1, world):
+            forward_tile(slots, flags, (me + i) % world, me, rows, cols, pid_m, pid_n, tile,
+                         num_tiles, epoch, BLOCK_M, BLOCK_N)
+    else:
+        partial = acc.to(slots.dtype.element_ty)
+        keep_tile(partial, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
+        for i in range(1, world):
+            store_tile(dl.symm_at(slots, (me + i) % world) + me * rows * cols, partial, pid_m,
+                       pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -117,7 +128,9 @@ def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num
     for part in range(0, SPLIT):
         sub_m = pid_m * SPLIT + part
         total = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
-        for src in range(0, world):
+        # a pipelined loop: the next ranks' loads are in flight while one is added (one
+        # after the other, a program waits on memory once per rank: sm_90a, two ahead)
+        for src in tl.range(0, world, num_stages=3):
             total += load_tile(slots + src * rows * cols, sub_m, pid_n, rows, cols, cols, 1,
                                SUB, BLOCK_N).to(tl.float32)
         total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
@@ -181,13 +194,35 @@ def sum_own_tile(acc, c_ptr, slots, slots_desc, flags, me, world, rows, cols, pi
 
 @triton.jit
 def copy_sum_tile(c_ptr, slots, flags, owner, rows, cols, pid_m, pid_n, tile, num_tiles,
-                  epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2,
-                  WAITED: tl.constexpr = False):
+                  epoch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr = 2):
     """Copies into ``C`` the sum of tile ``(pid_m, pid_n)`` that rank ``owner`` pushed into
     slot ``owner`` (:func:`sum_tile` with ``BROADCAST``), once flag ``(owner, tile)``
-    reaches ``epoch`` (``tile``: the index of the flag that covers the sum). ``WAITED``:
-    the caller has already acquired that flag."""
-    if not WAITED:
-        dl.wait(flags + owner * num_tiles + tile, 1, "sys", "acquire", epoch)
+    reaches ``epoch`` (a persistent program that acquires its owners' flags once copies
+    its tiles with :func:`copy_owned_sums`)."""
+    dl.wait(flags + owner * num_tiles + tile, 1, "sys", "acquire", epoch)
     _copy_tile(c_ptr, slots + owner * rows * cols, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N,
                SPLIT)
+
+
+@triton.jit
+def copy_owned_sums(c_ptr, slots, me, world, rows, cols, first, step, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr = 2):
+    """Copies into ``C`` the sums of the tiles ``first, first + step, ...`` (grouped order)
+    that other ranks own (tile ``t``'s owner is ``t % world``), each from the slot its
+    owner pushed it to (:func:`sum_tile` with ``BROADCAST``); the caller has acquired the
+    owners' flags. One pipelined loop over the tiles, the next tiles' loads in flight
+    while one is stored (one after the other, a program waits on memory for each tile); a
+    tile this rank owns, whose sum is in ``C`` already, is masked out (no rows), so that no
+    branch stops the pipelining."""
+    tiles_m = tl.cdiv(rows, BLOCK_M)
+    tiles_n = tl.cdiv(cols, BLOCK_N)
+    SUB: tl.constexpr = BLOCK_M // SPLIT
+    for tile in tl.range(first, tiles_m * tiles_n, step, num_stages=3):
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        owner = tile % world
+        live = tl.where(owner == me, 0, rows)
+        for part in tl.static_range(SPLIT):
+            sub_m = pid_m * SPLIT + part
+            block = load_tile(slots + owner * rows * cols, sub_m, pid_n, live, cols, cols, 1,
+                              SUB, BLOCK_N)
+            store_tile(c_ptr, block, sub_m, pid_n, live, cols, cols, 1, SUB, BLOCK_N)

@@ -163,6 +163,32 @@ def _assert_flattened_stays_pipelined(name, **shape):
     assert shared[True] >= shared[False] >= 3 * (128 + 256) * 64 * 2
 
 
+@pytest.mark.parametrize("two_shot", [False, True], ids=["one-shot", "two-shot"])
+def test_all_reduce_exchange_reads_are_pipelined_for_sm90(two_shot):
+    """Persistent GEMM+AR at the decode tile, 8 ranks, with the runtime's hints: every read
+    of a partial or a sum (``[32, 64]`` halves of 64x64 tiles) is an asynchronous copy of a
+    pipelined loop — the ranks' partials summed, two-shot's owners' sums copied — and the
+    partials go to the peers from registers (no read-back): a plain load in those loops
+    waits on memory once per rank and tile. No spills."""
+    from jax_triton_dist.runtime.cuda_compile import divisibility
+
+    kernel, pointers, kwargs = CASES["matmul_all_reduce"]
+    positional = [("pointer", p) for p in pointers]
+    form = dict(kwargs, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, PERSISTENT=True,
+                TWO_SHOT=two_shot)
+    signature, constexprs = signature_of(kernel, positional, form)
+    compiled = compile_kernel(kernel, signature, constexprs,
+                              attrs=divisibility(signature, positional, form), num_warps=4,
+                              num_stages=3, num_ranks=8)
+    ttgir = compiled.asm["ttgir"]
+    half = "32x64x!tt.ptr<bf16>"
+    assert not [line for line in ttgir.splitlines() if "tt.load" in line and half in line]
+    copies = [line for line in ttgir.splitlines()
+              if "async_copy_global_to_local" in line and half in line]
+    assert len(copies) >= (4 if two_shot else 2)  # prologue loads of each pipelined loop
+    assert _ptxas_usage(compiled.asm["ptx"])[1] == 0
+
+
 def test_all_gather_matmul_subtiled_store_fits_four_stages_for_sm90():
     """AG+GEMM's ``SUBTILE`` form (each output tile stored in two halves through C's
     ``[ranks, m, N]`` descriptor), flattened: 128x256x64 blocks in 4 stages fit an SM's
