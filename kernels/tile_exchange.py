@@ -129,8 +129,9 @@ def sum_tile(c_ptr, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, num
         sub_m = pid_m * SPLIT + part
         total = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
         # a pipelined loop: the next ranks' loads are in flight while one is added (one
-        # after the other, a program waits on memory once per rank: sm_90a, two ahead)
-        for src in tl.range(0, world, num_stages=3):
+        # after the other, a program waits on memory once per rank: sm_90a, three ahead;
+        # their buffers reuse the K loop's shared memory)
+        for src in tl.range(0, world, num_stages=4):
             total += load_tile(slots + src * rows * cols, sub_m, pid_n, rows, cols, cols, 1,
                                SUB, BLOCK_N).to(tl.float32)
         total = apply_epilogue(total, bias_ptr, pid_n, cols, BLOCK_N, HAS_BIAS, ACTIVATION)
