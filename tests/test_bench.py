@@ -86,15 +86,20 @@ def test_timeline_summary_reads_spans_skew_and_waits():
                 "epoch": epoch}
 
     events = [ev(0, 0, 0, "PROGRAM_START", 1), ev(0, 0, 999, "PROGRAM_END", 1),  # older call
-              ev(0, 0, 10, "PROGRAM_START"), ev(0, 0, 20, "WAIT_START"),
-              ev(0, 0, 50, "WAIT_END"), ev(0, 0, 60, "WAIT_START"), ev(0, 0, 70, "WAIT_END"),
-              ev(0, 0, 110, "PROGRAM_END"),
-              ev(1, 0, 40, "PROGRAM_START"), ev(1, 0, 100, "PROGRAM_END"),
+              ev(0, 0, 10, "PROGRAM_START"), ev(0, 0, 15, "NOTIFY"), ev(0, 0, 20, "WAIT_START"),
+              ev(0, 0, 50, "WAIT_END"), ev(0, 0, 55, "NOTIFY"), ev(0, 0, 60, "WAIT_START"),
+              ev(0, 0, 70, "WAIT_END"), ev(0, 0, 110, "PROGRAM_END"),
+              ev(1, 0, 40, "PROGRAM_START"), ev(1, 0, 52, "NOTIFY"), ev(1, 0, 100, "PROGRAM_END"),
               ev(1, 1, 45, "PROGRAM_START"), ev(1, 1, 160, "PROGRAM_END")]
     summary = timeline_summary(events)
+    # to the first notify: 5 and 12 us (two programs notify); after the last wait: 40 us
+    # (one program waits)
     assert summary == pytest.approx({"span_us": 150.0, "skew_us": 30.0,
                                      "program_us": (100 + 60 + 115) / 3,
-                                     "wait_us": 40 / 3, "wait_max_us": 40.0})
+                                     "wait_us": 40 / 3, "wait_max_us": 40.0,
+                                     "before_notify_us": 8.5, "after_wait_us": 40.0})
+    quiet = timeline_summary([ev(0, 0, 0, "PROGRAM_START"), ev(0, 0, 9, "PROGRAM_END")])
+    assert quiet["before_notify_us"] is None and quiet["after_wait_us"] is None
     with pytest.raises(ValueError, match="no timeline events"):
         timeline_summary([])
 

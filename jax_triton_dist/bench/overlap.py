@@ -28,7 +28,9 @@ clocks give the span from the first program's start to the last one's end, the s
 the ranks' first starts (launch skew), the mean time a program ran, and the time programs
 spent in ``dl.wait`` (mean and max per program) — so a fused op's extra time shows up as
 waiting for peers, or as programs that ran longer (peer reads, exchange stores, the ranks'
-memory traffic).
+memory traffic). For the persistent exchanges, which raise their flags after a program's
+pushes and sum after its waits, it also splits a program's time: up to its first flag
+(its GEMM and pushes) and after its last wait (its sums or copies).
 """
 
 from __future__ import annotations
@@ -346,7 +348,12 @@ def timeline_summary(events: list[dict[str, Any]]) -> dict[str, float]:
     several): ``span_us`` (first program start to last program end, every rank),
     ``skew_us`` (spread of the ranks' first program starts), ``program_us`` (mean program
     run time), ``wait_us`` / ``wait_max_us`` (mean and max over programs of the time spent
-    in ``dl.wait``)."""
+    in ``dl.wait``), and where a program's time goes around its exchange:
+    ``before_notify_us`` (mean, over the programs that raise a flag, of the time from their
+    start to their first ``dl.notify``: a persistent GEMM+AR or GEMM+RS program's GEMM and
+    pushes) and ``after_wait_us`` (mean, over the programs that wait, of the time from the
+    end of their last ``dl.wait`` to their end: the sums or copies that follow it); None
+    where no program raises a flag or waits."""
     if not events:
         raise ValueError("no timeline events: was the launch timed?")
     by_epoch: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -378,6 +385,9 @@ def _epoch_summary(events: list[dict[str, Any]]) -> dict[str, float] | None:
             spans[key]["wait"] = e["time_ns"]
         elif e["kind"] == "WAIT_END" and "wait" in spans[key]:
             waited[key] += e["time_ns"] - spans[key].pop("wait")
+            spans[key]["waited"] = e["time_ns"]
+        elif e["kind"] == "NOTIFY":
+            spans[key].setdefault("notify", e["time_ns"])
     if not spans or any("start" not in v or "end" not in v for v in spans.values()):
         return None
     first = defaultdict(lambda: float("inf"))
@@ -388,7 +398,16 @@ def _epoch_summary(events: list[dict[str, Any]]) -> dict[str, float] | None:
                         - min(v["start"] for v in spans.values())) / 1e3,
             "skew_us": (max(first.values()) - min(first.values())) / 1e3,
             "program_us": statistics.mean(v["end"] - v["start"] for v in spans.values()) / 1e3,
-            "wait_us": statistics.mean(waits) / 1e3, "wait_max_us": max(waits) / 1e3}
+            "wait_us": statistics.mean(waits) / 1e3, "wait_max_us": max(waits) / 1e3,
+            "before_notify_us": _mean_us([v["notify"] - v["start"] for v in spans.values()
+                                          if "notify" in v]),
+            "after_wait_us": _mean_us([v["end"] - v["waited"] for v in spans.values()
+                                       if "waited" in v])}
+
+
+def _mean_us(durations_ns: list[int]) -> float | None:
+    """The mean of ``durations_ns`` in microseconds; None for none."""
+    return statistics.mean(durations_ns) / 1e3 if durations_ns else None
 
 
 def _timeline_of(job: dict[str, Any], world: int, programs: int, num_warps: int
@@ -490,7 +509,10 @@ COLUMNS = {
               ("gemm_skew_us", "GEMM skew us", ".1f"), ("program_us", "program us", ".1f"),
               ("gemm_program_us", "GEMM program us", ".1f"),
               ("program_ratio", "program/GEMM", ".3f"), ("wait_us", "wait us", ".1f"),
-              ("wait_max_us", "wait max us", ".1f"), ("dropped_events", "dropped", "d"),
+              ("wait_max_us", "wait max us", ".1f"),
+              ("before_notify_us", "to 1st notify us", ".1f"),
+              ("after_wait_us", "after last wait us", ".1f"),
+              ("dropped_events", "dropped", "d"),
               ("error", "error", "")],
     "collective": [("op", "op", ""), ("ranks", "ranks", "d"), ("bytes", "bytes/rank", "d"),
                    ("ours_us", "ours us", ".1f"), ("copy_us", "copies us", ".1f"),
