@@ -163,29 +163,49 @@ def _assert_flattened_stays_pipelined(name, **shape):
     assert shared[True] >= shared[False] >= 3 * (128 + 256) * 64 * 2
 
 
-@pytest.mark.parametrize("two_shot", [False, True], ids=["one-shot", "two-shot"])
-def test_all_reduce_exchange_reads_are_pipelined_for_sm90(two_shot):
-    """Persistent GEMM+AR at the decode tile, 8 ranks, with the runtime's hints: every read
-    of a partial or a sum (``[32, 64]`` halves of 64x64 tiles) is an asynchronous copy of a
-    pipelined loop — the ranks' partials summed, two-shot's owners' sums copied — and the
-    partials go to the peers from registers (no read-back): a plain load in those loops
-    waits on memory once per rank and tile. No spills."""
+# Persistent forms of the fused kernels at their overlap-proxy tiles (8 ranks), by name:
+# (case, tile and form, warps); the GEMM+AR decode forms run in the default suite
+_PIPELINED_FORMS = {
+    "ar-one-shot": ("matmul_all_reduce", {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128}, 4),
+    "ar-two-shot": ("matmul_all_reduce",
+                    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "TWO_SHOT": True}, 4),
+    "ar-two-shot-tma": ("matmul_all_reduce", {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128,
+                                              "TWO_SHOT": True, "USE_TMA": True}, 4),
+    "rs-pointers": ("matmul_reduce_scatter", {}, 8),
+    "rs-sum-tma": ("matmul_reduce_scatter", {"USE_TMA": True, "SUM_TMA": True}, 8),
+    "ag-pointers": ("all_gather_matmul", {}, 8),
+    "ag-tma": ("all_gather_matmul", {"USE_TMA": True}, 8),
+}
+
+
+@pytest.mark.parametrize("form", [
+    pytest.param(form, marks=() if form in ("ar-one-shot", "ar-two-shot") else pytest.mark.slow)
+    for form in _PIPELINED_FORMS])
+def test_fused_kernels_read_exchanged_data_in_pipelined_loops_for_sm90(form):
+    """The persistent fused kernels, 8 ranks, with the runtime's hints: every read of a
+    bfloat16 block (operands, gathered shards, the ranks' partials, two-shot's sums) is an
+    asynchronous copy of a pipelined loop, no plain load — a plain load in such a loop
+    waits on memory once per rank and tile (persistent GEMM+AR's exchange did: ~240 waits
+    one after the other per program at the decode tile) — and no spills. GEMM+AR's one-shot
+    partials go to the peers from registers, and its sums (two-shot: also the owners'
+    copied sums, ``[32, 64]`` halves of its 64x64 tiles) come through such copies."""
     from jax_triton_dist.runtime.cuda_compile import divisibility
 
-    kernel, pointers, kwargs = CASES["matmul_all_reduce"]
+    name, tile, warps = _PIPELINED_FORMS[form]
+    kernel, pointers, kwargs = CASES[name]
     positional = [("pointer", p) for p in pointers]
-    form = dict(kwargs, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, PERSISTENT=True,
-                TWO_SHOT=two_shot)
-    signature, constexprs = signature_of(kernel, positional, form)
+    full = dict(kwargs, PERSISTENT=True, **tile)
+    signature, constexprs = signature_of(kernel, positional, full)
     compiled = compile_kernel(kernel, signature, constexprs,
-                              attrs=divisibility(signature, positional, form), num_warps=4,
-                              num_stages=3, num_ranks=8)
-    ttgir = compiled.asm["ttgir"]
-    half = "32x64x!tt.ptr<bf16>"
-    assert not [line for line in ttgir.splitlines() if "tt.load" in line and half in line]
-    copies = [line for line in ttgir.splitlines()
-              if "async_copy_global_to_local" in line and half in line]
-    assert len(copies) >= (4 if two_shot else 2)  # prologue loads of each pipelined loop
+                              attrs=divisibility(signature, positional, full),
+                              num_warps=warps, num_stages=3, num_ranks=8)
+    lines = compiled.asm["ttgir"].splitlines()
+    assert not [line for line in lines
+                if ("tt.load" in line or "tt.descriptor_load" in line) and "bf16" in line]
+    if name == "matmul_all_reduce" and not tile.get("USE_TMA"):
+        halves = [line for line in lines
+                  if "async_copy_global_to_local" in line and "32x64x!tt.ptr<bf16>" in line]
+        assert len(halves) >= (4 if tile.get("TWO_SHOT") else 2)  # each loop's prologue
     assert _ptxas_usage(compiled.asm["ptx"])[1] == 0
 
 
