@@ -26,6 +26,7 @@ from jax_triton_dist.kernels.tile_exchange import (
     push_tile,
     share_partial,
     sum_tile,
+    tile_owner,
     wait_tile,
 )
 from jax_triton_dist.swizzle import grouped_tile
@@ -57,7 +58,9 @@ def matmul_all_reduce_kernel(
     summed in float32, in rank order. The exchange of tile t overlaps the GEMM of the
     other tiles; no separate all-reduce pass runs over the output.
 
-    ``TWO_SHOT``: tile t belongs to rank ``t % num_ranks``. The other ranks push their
+    ``TWO_SHOT``: each tile belongs to one rank (``tile_exchange.tile_owner``: ``t %
+    num_ranks`` with one program a tile; a persistent program's tiles spread over the
+    ranks). The other ranks push their
     partial to that owner only; the owner sums the tile (the same order and rounding as
     above), stores it and pushes the sum to every other rank, which copy it into their
     output at the end of the kernel. Each rank then sends ``2 (R - 1) / R`` of its output's
@@ -181,18 +184,20 @@ def _program_tiles(first, a_ptr, b_ptr, a_desc, b_desc, c_ptr, slots, flags, me,
             acc = _product(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, 0, K, stride_am,
                            stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
                            B_NK)
+            owner = tile_owner(tile, tl.num_programs(0), num_tiles, world)
             if not TWO_SHOT:
                 share_partial(acc, slots, flags, me, world, M, N, pid_m, pid_n, tile,
                               num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
-            elif tile % world == me:
+            elif owner == me:
                 keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
             else:
-                push_tile(acc, slots, flags, tile % world, me, M, N, pid_m, pid_n, tile,
-                          num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
+                push_tile(acc, slots, flags, owner, me, M, N, pid_m, pid_n, tile, num_tiles,
+                          epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
         notify_peers(flags + me * num_tiles + first, me, world, epoch)
         wait_tile(flags, me, world, first, num_tiles, epoch)
         for tile in range(first, num_tiles, tl.num_programs(0)):
-            if (tile % world == me) | (not TWO_SHOT):  # one-shot: every tile
+            # one-shot: every tile
+            if (tile_owner(tile, tl.num_programs(0), num_tiles, world) == me) | (not TWO_SHOT):
                 pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
                 sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles,
                          epoch, c_ptr, BLOCK_M, BLOCK_N, False, "none", BROADCAST=TWO_SHOT,
@@ -268,7 +273,7 @@ def _all_reduce_finish(acc, c_ptr, slots, flags, tile, pid_m, pid_n, me, world, 
     if world == 1:  # nothing to exchange (folds away when the rank count is compiled in)
         store_tile(c_ptr, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
     elif TWO_SHOT:
-        owner = tile % world
+        owner = tile_owner(tile, tl.num_programs(0), num_tiles, world)
         if owner == me:
             keep_tile(acc, slots, me, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
             sum_tile(c_ptr, slots, flags, me, world, M, N, pid_m, pid_n, tile, num_tiles, epoch,
@@ -296,7 +301,7 @@ def _copy_sums(c_ptr, slots, flags, first, step, me, world, epoch, M, N,
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     for tile in range(first, tiles_m * tiles_n, step):
-        owner = tile % world
+        owner = tile_owner(tile, step, tiles_m * tiles_n, world)
         if owner != me:
             pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
             copy_sum_tile(c_ptr, slots, flags, owner, M, N, pid_m, pid_n, tile,

@@ -206,10 +206,26 @@ def copy_sum_tile(c_ptr, slots, flags, owner, rows, cols, pid_m, pid_n, tile, nu
 
 
 @triton.jit
+def tile_owner(tile, programs, num_tiles, world):
+    """The rank that sums tile ``tile`` of ``num_tiles`` in a two-shot exchange whose grid
+    has ``programs`` programs, program ``p`` taking tiles ``p, p + programs, ...``: the
+    programs' lists of tiles laid end to end and dealt to the ranks in turn, so that each
+    program's tiles, and all the tiles, are spread evenly over the ranks. With one program
+    a tile this is ``tile % world``; in a persistent grid ``tile % world`` would give all
+    of a program's tiles one owner whenever ``programs`` is a multiple of ``world`` (16
+    programs a rank at 8 ranks, 66 at 2 on 132 SMs): a few programs of each rank would do
+    every sum while the others waited for them."""
+    p = tile % programs
+    before = p * (num_tiles // programs) + tl.minimum(p, num_tiles % programs)
+    return (before + tile // programs) % world
+
+
+@triton.jit
 def copy_owned_sums(c_ptr, slots, me, world, rows, cols, first, step, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr = 2):
     """Copies into ``C`` the sums of the tiles ``first, first + step, ...`` (grouped order)
-    that other ranks own (tile ``t``'s owner is ``t % world``), each from the slot its
+    that other ranks own (:func:`tile_owner` in a grid of ``step`` programs), each from the
+    slot its
     owner pushed it to (:func:`sum_tile` with ``BROADCAST``); the caller has acquired the
     owners' flags. One pipelined loop over the tiles, the next tiles' loads in flight
     while one is stored (one after the other, a program waits on memory for each tile); a
@@ -220,7 +236,7 @@ def copy_owned_sums(c_ptr, slots, me, world, rows, cols, first, step, BLOCK_M: t
     SUB: tl.constexpr = BLOCK_M // SPLIT
     for tile in tl.range(first, tiles_m * tiles_n, step, num_stages=3):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-        owner = tile % world
+        owner = tile_owner(tile, step, tiles_m * tiles_n, world)
         live = tl.where(owner == me, 0, rows)
         for part in tl.static_range(SPLIT):
             sub_m = pid_m * SPLIT + part

@@ -224,6 +224,42 @@ def test_matmul_reduce_scatter_program_flags(monkeypatch, ranks, rows, programs,
         assert_close(out, dot32(x, w), jnp.float32)
 
 
+@triton.jit
+def _owners_kernel(out_ptr, programs, num_tiles, world, BLOCK: tl.constexpr):
+    from jax_triton_dist.kernels.tile_exchange import tile_owner
+
+    tile = tl.arange(0, BLOCK)
+    tl.store(out_ptr + tile, tile_owner(tile, programs, num_tiles, world), mask=tile < num_tiles)
+
+
+def _owners(programs, num_tiles, world):
+    from jax_triton_dist.runtime import interpreter
+
+    out = np.full(num_tiles, -1, np.int32)
+    interpreter.launch(_owners_kernel, (1,), [interpreter.Pointer(out.ctypes.data, "int32"),
+                                              programs, num_tiles, world], {"BLOCK": 256})
+    return out
+
+
+@pytest.mark.parametrize("programs, world, num_tiles", [(16, 8, 128), (66, 2, 128),
+                                                        (33, 4, 128), (4, 3, 9), (5, 8, 9),
+                                                        (9, 2, 9), (3, 8, 4)])
+def test_two_shot_owners_spread_each_programs_tiles(programs, world, num_tiles):
+    """Two-shot GEMM+AR's tile owners (``tile_exchange.tile_owner``): each program's tiles
+    go to the ranks in turn, and over the grid every rank owns as many tiles as any other,
+    give or take one — with ``tile % world`` the overlap proxy's grids (16 programs a rank
+    at 8 ranks, 66 at 2; 128 tiles) gave each program one owner for all its tiles, so a
+    few programs did every sum; with one program a tile the owner is ``tile % world``."""
+    owners = _owners(programs, num_tiles, world)
+    assert owners.min() >= 0 and owners.max() < world
+    for p in range(programs):
+        counts = np.bincount(owners[p::programs], minlength=world)
+        assert counts.max() - counts.min() <= 1, (p, counts)
+    totals = np.bincount(owners, minlength=world)
+    assert totals.max() - totals.min() <= 1, totals
+    assert list(_owners(num_tiles, num_tiles, world)) == [t % world for t in range(num_tiles)]
+
+
 @pytest.mark.parametrize("two_shot", [False, True], ids=["one-shot", "two-shot"])
 @pytest.mark.parametrize("ranks, programs, use_tma", [
     (3, 4, False), (3, 4, True), (4, 9, True), (2, 2, False),
