@@ -82,17 +82,19 @@ def share_partial(acc, slots, flags, me, world, rows, cols, pid_m, pid_n, tile, 
         partial = acc.to(slots.dtype.element_ty)
         keep_tile(partial, slots, me, rows, cols, pid_m, pid_n, BLOCK_M, BLOCK_N)
         for i in range(1, world):
-            store_tile(dl.symm_at(slots, (me + i) % world) + me * rows * cols, partial, pid_m,
-                       pid_n, rows, cols, cols, 1, BLOCK_M, BLOCK_N)
+            push_tile(partial, slots, flags, (me + i) % world, me, rows, cols, pid_m, pid_n,
+                      tile, num_tiles, epoch, BLOCK_M, BLOCK_N, NOTIFY=False)
 
 
 @triton.jit
 def _copy_tile(dst, src, rows, cols, pid_m, pid_n, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     """Copies tile ``(pid_m, pid_n)`` of the ``[rows, cols]`` matrix at ``src`` to ``dst``,
-    ``BLOCK_M / SPLIT`` rows at a time (no accumulator-sized block held)."""
+    ``BLOCK_M / SPLIT`` rows at a time (no accumulator-sized block held; the parts
+    unrolled, so that a loop of copies around it is the innermost loop, which Triton
+    pipelines). Rows past ``rows`` are masked out: ``rows`` 0 copies nothing."""
     SUB: tl.constexpr = BLOCK_M // SPLIT
-    for part in range(0, SPLIT):
+    for part in tl.static_range(SPLIT):
         sub_m = pid_m * SPLIT + part
         store_tile(dst, load_tile(src, sub_m, pid_n, rows, cols, cols, 1, SUB, BLOCK_N), sub_m,
                    pid_n, rows, cols, cols, 1, SUB, BLOCK_N)
@@ -225,21 +227,15 @@ def copy_owned_sums(c_ptr, slots, me, world, rows, cols, first, step, BLOCK_M: t
                     BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr = 2):
     """Copies into ``C`` the sums of the tiles ``first, first + step, ...`` (grouped order)
     that other ranks own (:func:`tile_owner` in a grid of ``step`` programs), each from the
-    slot its
-    owner pushed it to (:func:`sum_tile` with ``BROADCAST``); the caller has acquired the
-    owners' flags. One pipelined loop over the tiles, the next tiles' loads in flight
-    while one is stored (one after the other, a program waits on memory for each tile); a
-    tile this rank owns, whose sum is in ``C`` already, is masked out (no rows), so that no
-    branch stops the pipelining."""
+    slot its owner pushed it to (:func:`sum_tile` with ``BROADCAST``); the caller has
+    acquired the owners' flags. One pipelined loop over the tiles, the next tiles' loads in
+    flight while one is stored (one after the other, a program waits on memory for each
+    tile); a tile this rank owns, whose sum is in ``C`` already, is masked out (no rows),
+    so that no branch stops the pipelining."""
     tiles_m = tl.cdiv(rows, BLOCK_M)
     tiles_n = tl.cdiv(cols, BLOCK_N)
-    SUB: tl.constexpr = BLOCK_M // SPLIT
     for tile in tl.range(first, tiles_m * tiles_n, step, num_stages=3):
         pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         owner = tile_owner(tile, step, tiles_m * tiles_n, world)
-        live = tl.where(owner == me, 0, rows)
-        for part in tl.static_range(SPLIT):
-            sub_m = pid_m * SPLIT + part
-            block = load_tile(slots + owner * rows * cols, sub_m, pid_n, live, cols, cols, 1,
-                              SUB, BLOCK_N)
-            store_tile(c_ptr, block, sub_m, pid_n, live, cols, cols, 1, SUB, BLOCK_N)
+        _copy_tile(c_ptr, slots + owner * rows * cols, tl.where(owner == me, 0, rows), cols,
+                   pid_m, pid_n, BLOCK_M, BLOCK_N, SPLIT)
