@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 import jax_triton_dist as jtd
 import jax_triton_dist.language as dl
 from jax_triton_dist import tiles
+from jax_triton_dist.kernels.tile_exchange import tile_owner
 
 
 @pytest.fixture(params=[pytest.param((False, False), id="pointers"),
@@ -226,8 +227,6 @@ def test_matmul_reduce_scatter_program_flags(monkeypatch, ranks, rows, programs,
 
 @triton.jit
 def _owners_kernel(out_ptr, programs, num_tiles, world, BLOCK: tl.constexpr):
-    from jax_triton_dist.kernels.tile_exchange import tile_owner
-
     tile = tl.arange(0, BLOCK)
     tl.store(out_ptr + tile, tile_owner(tile, programs, num_tiles, world), mask=tile < num_tiles)
 
